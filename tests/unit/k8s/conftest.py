@@ -1,0 +1,85 @@
+"""Shared helpers for the Kubernetes roles' tests: render roles in `render` mode and validate what comes out.
+
+Rendering goes through ansible-playbook with the real roles and templates, so what is validated here is exactly
+what `apply` mode hands to kubernetes.core (both modes share the k8s_manifests role).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+# The Kubernetes version manifests are validated against (strict: unknown fields fail).
+KUBERNETES_VERSION = "1.37.0"
+# Kinds that are not in the core OpenAPI schemas (CRDs); their roles validate them with their own checks.
+CUSTOM_KINDS = {"ServiceMonitor", "KubeSchedulerConfiguration", "DeschedulerPolicy"}
+
+
+def run_playbook(playbook: str, inventory: str, extra_vars: dict, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run a playbook from the repo root with the repo's ansible.cfg; extra vars passed as a JSON file."""
+    vars_file = tmp_path / "extra-vars.json"
+    vars_file.write_text(json.dumps(extra_vars))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    ansible_playbook = Path(sys.executable).with_name("ansible-playbook")
+    return subprocess.run(
+        [str(ansible_playbook), "-i", str(REPO / inventory), playbook, "-e", f"@{vars_file}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def render_roles(roles: list[str], tmp_path: Path, inventory: str = "inventories/lab", extra_vars=None) -> Path:
+    """Run the given roles on localhost in render mode; return the manifests directory."""
+    manifests = tmp_path / "manifests"
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [{"name": "Render for tests", "hosts": "localhost", "gather_facts": False, "roles": roles}],
+            sort_keys=False,
+        )
+    )
+    all_vars = {
+        "gpufleet_k8s_mode": "render",
+        "gpufleet_manifests_dir": str(manifests),
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+    }
+    all_vars.update(extra_vars or {})
+    result = run_playbook(str(playbook), inventory, all_vars, tmp_path)
+    if result.returncode != 0:
+        pytest.fail(f"rendering {roles} failed:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}")
+    return manifests
+
+
+def load_manifests(directory: Path) -> dict[str, list[dict]]:
+    """Every YAML document under `directory`, keyed by file path relative to it."""
+    documents = {}
+    for path in sorted(directory.rglob("*.yaml")):
+        documents[str(path.relative_to(directory))] = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return documents
+
+
+def validate_manifests(directory: Path) -> int:
+    """Validate every core-API object strictly; return how many were checked. Fails the test on the first error."""
+    checked = 0
+    for name, docs in load_manifests(directory).items():
+        for doc in docs:
+            if doc.get("kind") in CUSTOM_KINDS:
+                continue
+            try:
+                kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as err:
+                pytest.fail(f"{name}: {doc.get('kind')}/{doc.get('metadata', {}).get('name')}: {err.message}")
+            checked += 1
+    return checked
