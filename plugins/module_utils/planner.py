@@ -1,0 +1,315 @@
+"""Pure planning: (current GPU state, target, NVML catalog) -> Plan. No NVML calls here.
+
+Placement is an exact search over the placements NVML reports as possible for each profile id, constrained by the
+memory slices (placements may not overlap) and the compute slices (their sum may not exceed the GPU's). It is not
+greedy: some layouts only fit when a profile is placed away from slot 0 (e.g. 1g.10gb + 4g.40gb: 4g.40gb can only
+start at 0, so the 1g.10gb must go elsewhere).
+
+Minimal disruption: among the existing instances whose profile is still wanted, keep the largest set (busy ones
+first) that still leaves room for the instances to create; destroy only the rest, create the missing ones at explicit
+placements.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from .exceptions import BusyInstanceError, SpecError
+from .spec import GpuTarget
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    """A GPU-instance profile as NVML reports it for one GPU."""
+
+    enum: int  # NVML_GPU_INSTANCE_PROFILE_* it was queried with
+    id: int  # profile id: what placements and creation take
+    name: str  # e.g. "1g.10gb", "1g.10gb+me"
+    slice_count: int  # compute slices
+    instance_count: int  # maximum instances on an empty GPU
+    memory_mib: int
+    placements: tuple[tuple[int, int], ...]  # (start, size) over the memory slices
+
+
+class Catalog:
+    """The GPU-instance profiles of one GPU, by name and by id."""
+
+    def __init__(self, profiles: list[ProfileInfo]):
+        self.profiles = sorted(profiles, key=lambda p: (p.slice_count, p.memory_mib, p.name))
+        self.by_name = {p.name: p for p in self.profiles}
+        self.by_id = {p.id: p for p in self.profiles}
+        self.compute_slices = max((p.slice_count for p in self.profiles), default=0)
+        self.memory_slices = max((start + size for p in self.profiles for start, size in p.placements), default=0)
+
+    @classmethod
+    def from_table(cls, table) -> Catalog:
+        """Catalog from a profile_tables.ProductTable (offline validation on the controller)."""
+        return cls(
+            [
+                ProfileInfo(
+                    r.enum,
+                    r.id,
+                    r.name,
+                    r.slice_count,
+                    r.instance_count,
+                    r.memory_mib,
+                    tuple((s, r.size) for s in r.starts),
+                )
+                for r in table.profiles
+            ]
+        )
+
+    def names(self) -> list[str]:
+        return [p.name for p in self.profiles]
+
+    def as_dict(self) -> list[dict]:
+        return [
+            {
+                "name": p.name,
+                "profile_id": p.id,
+                "profile_enum": p.enum,
+                "compute_slices": p.slice_count,
+                "max_instances": p.instance_count,
+                "memory_mib": p.memory_mib,
+                "placements": [{"start": s, "size": z} for s, z in p.placements],
+            }
+            for p in self.profiles
+        ]
+
+
+@dataclass(frozen=True)
+class Instance:
+    """An existing GPU instance (with its compute instances collapsed: we manage one full-size CI per GI)."""
+
+    gi_id: int
+    profile: str
+    start: int
+    size: int
+    pids: tuple[int, ...] = ()
+    complete: bool = True  # has its full-size compute instance
+    uuid: str | None = None  # MIG device UUID, when it has a CI
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A placed instance of the layout: profile at (start, size)."""
+
+    profile: str
+    start: int
+    size: int
+
+    def as_dict(self) -> dict:
+        return {"profile": self.profile, "start": self.start}
+
+
+@dataclass
+class GpuState:
+    """What the planner needs to know about one GPU (read through the NVML interface)."""
+
+    index: int
+    uuid: str
+    name: str
+    mig_current: bool
+    mig_pending: bool
+    instances: list[Instance] = field(default_factory=list)
+    gpu_pids: tuple[int, ...] = ()  # processes on the GPU outside any MIG instance
+    pci_device_id: int | None = None
+
+
+@dataclass
+class GpuPlan:
+    index: int
+    uuid: str
+    name: str
+    mig_before: bool
+    mig_after: bool
+    set_mode: bool  # MIG mode must be (re)set
+    before: list[Slot]
+    after: list[Slot]
+    destroy: list[Instance]
+    create: list[Slot]
+
+    @property
+    def changed(self) -> bool:
+        return self.set_mode or bool(self.destroy) or bool(self.create)
+
+    def actions(self) -> list[dict]:
+        """Instance actions in execution order: all destroys, then creates by start."""
+        return [{"op": "destroy", "profile": i.profile, "start": i.start} for i in self.destroy] + [
+            {"op": "create", "profile": s.profile, "start": s.start} for s in self.create
+        ]
+
+
+def _fits(slot: tuple[int, int], occupied: list[bool]) -> bool:
+    start, size = slot
+    return all(not occupied[m] for m in range(start, start + size))
+
+
+def search_placement(
+    wanted: dict[str, int], catalog: Catalog, fixed: list[Slot] = (), first_only: bool = True
+) -> list[Slot] | None:
+    """Exact search: place `wanted` (profile -> count) around the `fixed` slots, or None when impossible.
+
+    Backtracking over NVML's possible placements per profile; the memory slices may not overlap and the compute
+    slices may not exceed the GPU's. Larger profiles go first (fewer placements, earlier pruning); instances of the
+    same profile take increasing starts so that permutations are not explored twice.
+    """
+    occupied = [False] * max(catalog.memory_slices, 1)
+    compute_used = 0
+    for slot in fixed:
+        for m in range(slot.start, slot.start + slot.size):
+            occupied[m] = True
+        compute_used += catalog.by_name[slot.profile].slice_count
+    todo: list[ProfileInfo] = []
+    for name in sorted(
+        wanted, key=lambda n: (-catalog.by_name[n].placements[0][1], -catalog.by_name[n].slice_count, n)
+    ):
+        todo.extend([catalog.by_name[name]] * wanted[name])
+    placed: list[Slot] = []
+
+    def place(i: int, compute: int, min_start: int) -> bool:
+        if i == len(todo):
+            return True
+        profile = todo[i]
+        if compute + profile.slice_count > catalog.compute_slices:
+            return False
+        for start, size in profile.placements:
+            if start < min_start or not _fits((start, size), occupied):
+                continue
+            for m in range(start, start + size):
+                occupied[m] = True
+            placed.append(Slot(profile.name, start, size))
+            next_same = i + 1 < len(todo) and todo[i + 1].name == profile.name
+            if place(i + 1, compute + profile.slice_count, start + 1 if next_same else 0):
+                return True
+            placed.pop()
+            for m in range(start, start + size):
+                occupied[m] = False
+        return False
+
+    if place(0, compute_used, 0):
+        return sorted(placed, key=lambda s: s.start)
+    return None
+
+
+def validate_target(target_counts: dict[str, int], catalog: Catalog, where: str) -> list[Slot]:
+    """Check a requested layout against the GPU's catalog; return one valid placement or raise SpecError.
+
+    The message says which constraint failed: unknown profile, a profile's maximum, compute slices, memory slices,
+    or (all totals fitting) the placement geometry.
+    """
+    unknown = sorted(n for n in target_counts if n not in catalog.by_name)
+    if unknown:
+        raise SpecError(
+            f"{where}: unknown MIG profile(s) {', '.join(unknown)} for this GPU; valid profiles: "
+            f"{', '.join(catalog.names())}"
+        )
+    for name, count in sorted(target_counts.items()):
+        maximum = catalog.by_name[name].instance_count
+        if count > maximum:
+            raise SpecError(f"{where}: {count} x {name} requested, at most {maximum} fit on one GPU")
+    compute = sum(catalog.by_name[n].slice_count * c for n, c in target_counts.items())
+    if compute > catalog.compute_slices:
+        raise SpecError(
+            f"{where}: the layout needs {compute} compute slices ({describe_counts(target_counts)}), "
+            f"the GPU has {catalog.compute_slices}"
+        )
+    memory = sum(catalog.by_name[n].placements[0][1] * c for n, c in target_counts.items())
+    if memory > catalog.memory_slices:
+        raise SpecError(
+            f"{where}: the layout needs {memory} memory slices ({describe_counts(target_counts)}), "
+            f"the GPU has {catalog.memory_slices}"
+        )
+    layout = search_placement(target_counts, catalog)
+    if layout is None:
+        options = "; ".join(
+            f"{n} at {'/'.join(str(s) for s, _ in catalog.by_name[n].placements)}" for n in sorted(target_counts)
+        )
+        raise SpecError(
+            f"{where}: no valid placement for {describe_counts(target_counts)} (totals fit, but the possible "
+            f"placements overlap: {options})"
+        )
+    return layout
+
+
+def describe_counts(counts: dict[str, int]) -> str:
+    return " + ".join(f"{c} x {n}" for n, c in sorted(counts.items())) or "no instances"
+
+
+def choose_kept(current: list[Instance], wanted: dict[str, int], catalog: Catalog) -> tuple[list[Instance], list[Slot]]:
+    """Largest set of existing instances to keep (busy ones first), and the slots to create around them.
+
+    Candidates are complete instances of a wanted profile. Subsets are tried from most busy kept, then most kept;
+    the first one that leaves a valid placement for the rest wins. A GPU holds at most 7 instances, so this is at most
+    128 placement searches of a few dozen nodes each.
+    """
+    candidates = [i for i in current if i.complete and i.profile in wanted]
+    best: tuple[tuple[int, int], list[Instance], list[Slot]] | None = None
+    for size in range(len(candidates), -1, -1):
+        if best is not None and best[0][1] > size:
+            break  # a larger kept set was found; smaller sets cannot beat it on the total
+        for subset in combinations(candidates, size):
+            kept_counts = Counter(i.profile for i in subset)
+            if any(kept_counts[n] > wanted[n] for n in kept_counts):
+                continue
+            busy = sum(1 for i in subset if i.pids)
+            score = (busy, size)
+            if best is not None and score <= best[0]:
+                continue
+            remaining = {n: wanted[n] - kept_counts.get(n, 0) for n in wanted}
+            remaining = {n: c for n, c in remaining.items() if c}
+            fixed = [Slot(i.profile, i.start, i.size) for i in subset]
+            created = search_placement(remaining, catalog, fixed)
+            if created is not None:
+                best = (score, list(subset), created)
+    if best is None:  # cannot happen once validate_target passed (keeping nothing is a full placement)
+        raise SpecError("no valid placement")
+    return best[1], best[2]
+
+
+def plan_gpu(state: GpuState, target: GpuTarget, catalog: Catalog, force: bool) -> GpuPlan:
+    """Plan one GPU. Raises SpecError (impossible layout) or BusyInstanceError (busy instance, no force)."""
+    where = f"GPU {state.index} ({state.name})"
+    before = sorted((Slot(i.profile, i.start, i.size) for i in state.instances), key=lambda s: s.start)
+    mig_before = state.mig_current
+    # A pending change in the other direction must be overridden, so compare the pending mode too.
+    set_mode = state.mig_current != target.mig_enabled or state.mig_pending != target.mig_enabled
+    if target.mig_enabled:
+        validate_target(target.counts, catalog, where)
+        if state.mig_current:
+            kept, create = choose_kept(state.instances, target.counts, catalog)
+        else:
+            # MIG off now: nothing exists yet; any instance NVML still lists will vanish with the mode change.
+            kept, create = [], search_placement(target.counts, catalog) or []
+        kept_ids = {i.gi_id for i in kept}
+        destroy = [i for i in state.instances if i.gi_id not in kept_ids] if state.mig_current else []
+        after = sorted([Slot(i.profile, i.start, i.size) for i in kept] + create, key=lambda s: s.start)
+    else:
+        destroy = list(state.instances) if state.mig_current else []
+        create, after = [], []
+    destroy.sort(key=lambda i: i.start)
+    plan = GpuPlan(
+        state.index, state.uuid, state.name, mig_before, target.mig_enabled, set_mode, before, after, destroy, create
+    )
+    if not force:
+        check_not_busy(state, plan)
+    return plan
+
+
+def check_not_busy(state: GpuState, plan: GpuPlan) -> None:
+    """Refuse (before any write) to destroy busy instances or to switch the mode of a GPU with processes."""
+    problems = [
+        f"GPU {state.index}: instance {i.profile} at slice {i.start} (GPU instance {i.gi_id}"
+        f"{', ' + i.uuid if i.uuid else ''}) has running processes (PIDs {', '.join(map(str, i.pids))})"
+        for i in plan.destroy
+        if i.pids
+    ]
+    if plan.set_mode and state.gpu_pids:
+        problems.append(
+            f"GPU {state.index}: MIG mode must change but processes run on the GPU "
+            f"(PIDs {', '.join(map(str, state.gpu_pids))})"
+        )
+    if problems:
+        raise BusyInstanceError("; ".join(problems) + "; stop them or set force=true")
