@@ -1,0 +1,94 @@
+"""The FastAPI application: ``create_app()`` wires settings, metrics source, cluster watch and routers.
+
+The lifespan owns everything that runs in the background: the snapshot refresher task and, when a
+Kubernetes API is configured, the watch threads feeding ClusterState. Tests pass their own settings,
+source or cluster state and drive the app with TestClient (inside ``with``, so the lifespan runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from gpufleet_extender import __version__, k8s_watch
+from gpufleet_extender.cluster import ClusterState
+from gpufleet_extender.config import MetricsSourceKind, Settings, get_settings
+from gpufleet_extender.metrics_source import FileSource, MetricsSource, PrometheusSource, SnapshotRefresher
+from gpufleet_extender.routers import health, scheduler
+from gpufleet_extender.service import Extender
+from gpufleet_extender.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+def build_source(settings: Settings) -> MetricsSource:
+    if settings.METRICS_SOURCE is MetricsSourceKind.FILE:
+        return FileSource(settings.METRICS_FILE, settings.NODE_NAME_LABELS)
+    return PrometheusSource(settings.PROMETHEUS_URL, settings.NODE_NAME_LABELS, settings.PROMETHEUS_TIMEOUT_SECONDS)
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    source: MetricsSource | None = None,
+    cluster: ClusterState | None = None,
+    watch_cluster: bool = True,
+) -> FastAPI:
+    """Build the app. ``cluster`` given: use it as is (tests feed it); else watch the API when configured."""
+    settings = settings or get_settings()
+    source = source or build_source(settings)
+    telemetry = Telemetry()
+    refresher = SnapshotRefresher(
+        source,
+        settings.METRICS_REFRESH_SECONDS,
+        on_error=lambda name: telemetry.source_errors.labels(name).inc(),
+        on_update=lambda snap: telemetry.nodes_with_metrics.set(len(snap.nodes)),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        watcher = None
+        state = cluster
+        if state is None and watch_cluster:
+            api = k8s_watch.connect(settings.KUBE_API)
+            if api is not None:
+                state = ClusterState(settings.TENANT_LABEL, settings.INFLIGHT_MAX_SECONDS)
+                watcher = k8s_watch.ClusterWatcher(api, state)
+                watcher.start()
+        extender = Extender(
+            settings,
+            telemetry,
+            state,
+            snapshot_provider=lambda: refresher.snapshot,
+            source_error=lambda: refresher.last_error,
+        )
+        telemetry.bind_live_values(extender.metrics_age, extender.ready)
+        app.state.extender = extender
+        await refresher.refresh_once()  # serve the first requests with data when the source answers at once
+        task = asyncio.create_task(refresher.run(), name="metrics-refresher")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if watcher is not None:
+                watcher.stop()
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    app = FastAPI(
+        title="gpufleet scheduler extender",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.include_router(scheduler.router)
+    app.include_router(health.router)
+    return app

@@ -1,0 +1,85 @@
+"""``gpufleet-extender`` command line: ``serve`` here; other subcommands plug in through COMMAND_MODULES.
+
+A command module exposes ``add_command(subparsers)`` that adds its parser and sets ``handler`` (a function
+taking the parsed arguments and returning the exit code) with ``parser.set_defaults(handler=...)``.
+Modules that are not installed yet are skipped, so the CLI works at every stage of the project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from gpufleet_extender import __version__
+from gpufleet_extender.config import CONFIG_FILE_ENV, SettingsError, get_settings
+
+# Extra subcommands, e.g. the placement simulator's `simulate` (issue 6).
+COMMAND_MODULES = ("gpufleet_extender.simulate.cli",)
+
+EXIT_BAD_SETTINGS = 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if args.config:
+        os.environ[CONFIG_FILE_ENV] = args.config  # get_settings() reads the same file
+    get_settings.cache_clear()
+    try:
+        settings = get_settings()
+    except SettingsError as exc:
+        print(f"gpufleet-extender: {exc}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+
+    import uvicorn
+
+    from gpufleet_extender.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+    )
+    return 0
+
+
+def _add_serve(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser("serve", help="run the HTTP extender kube-scheduler calls")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    serve.add_argument("--config", help="YAML or JSON settings file; environment variables override it")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--access-log", action="store_true", help="log every request (off: the verbs are hot)")
+    serve.set_defaults(handler=_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpufleet-extender", description="GPU-load-aware, MIG-aware kube-scheduler extender."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve(subparsers)
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue  # that command is not part of this installation
+            raise
+        module.add_command(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

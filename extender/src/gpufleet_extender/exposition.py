@@ -1,0 +1,77 @@
+"""Write dcgm-exporter-shaped Prometheus text: the METRICS_FILE format, and the fake exporter of tests.
+
+Metric names, HELP texts and labels are those of NVIDIA's dcgm-exporter (default counters). Whole GPUs
+get ``DCGM_FI_DEV_GPU_UTIL`` (percent); MIG instances carry ``GPU_I_PROFILE``/``GPU_I_ID`` and get
+``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (ratio) instead, as DCGM reports no GPU_UTIL per instance.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+H100_MODEL = "NVIDIA H100 80GB HBM3"
+H100_FB_MIB = 81559
+
+_HELP = {
+    "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
+    "DCGM_FI_DEV_FB_FREE": "Framebuffer memory free (in MiB).",
+    "DCGM_FI_DEV_FB_USED": "Framebuffer memory used (in MiB).",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "Ratio of time the graphics engine is active.",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLoad:
+    """One whole GPU (``mig_profile`` None) or one MIG instance, with its load as the exporter sees it."""
+
+    gpu: int
+    util: float  # 0..1
+    mem_used_mib: float
+    mem_total_mib: float = H100_FB_MIB
+    mig_profile: str | None = None  # e.g. "3g.40gb"
+    mig_instance: int | None = None  # GPU_I_ID
+
+
+def _labels(node: str, device: DeviceLoad, host_label: str) -> str:
+    pairs = [
+        ("gpu", str(device.gpu)),
+        ("UUID", f"GPU-{zlib.crc32(node.encode()):08x}-0000-4000-8000-{device.gpu:012x}"),
+        ("pci_bus_id", f"00000000:{0x18 + device.gpu * 0x10:02X}:00.0"),
+        ("device", f"nvidia{device.gpu}"),
+        ("modelName", H100_MODEL),
+    ]
+    if device.mig_profile is not None:
+        pairs += [("GPU_I_PROFILE", device.mig_profile), ("GPU_I_ID", str(device.mig_instance or 0))]
+    pairs.append((host_label, node))
+    pairs.append(("DCGM_FI_DRIVER_VERSION", "550.54.15"))
+    return ",".join(f'{key}="{value}"' for key, value in pairs)
+
+
+def render_exposition(
+    nodes: Mapping[str, Iterable[DeviceLoad]],
+    host_label: str = "Hostname",
+    timestamp_ms: int | None = None,
+) -> str:
+    """Text exposition of the devices of each node (``timestamp_ms`` appended to every sample when given)."""
+    rows: dict[str, list[str]] = {name: [] for name in _HELP}
+    suffix = f" {timestamp_ms}" if timestamp_ms is not None else ""
+    for node, devices in nodes.items():
+        for device in devices:
+            labels = _labels(node, device, host_label)
+            if device.mig_profile is None:
+                percent = round(device.util * 100)
+                rows["DCGM_FI_DEV_GPU_UTIL"].append(f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {percent}{suffix}")
+            else:
+                rows["DCGM_FI_PROF_GR_ENGINE_ACTIVE"].append(
+                    f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{labels}}} {device.util:.6f}{suffix}"
+                )
+            free = max(0.0, device.mem_total_mib - device.mem_used_mib)
+            rows["DCGM_FI_DEV_FB_FREE"].append(f"DCGM_FI_DEV_FB_FREE{{{labels}}} {free:.0f}{suffix}")
+            rows["DCGM_FI_DEV_FB_USED"].append(f"DCGM_FI_DEV_FB_USED{{{labels}}} {device.mem_used_mib:.0f}{suffix}")
+    out: list[str] = []
+    for name, lines in rows.items():
+        if lines:
+            out += [f"# HELP {name} {_HELP[name]}", f"# TYPE {name} gauge", *lines]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,103 @@
+"""The thin Kubernetes side: connect when an API is configured, then list+watch into ClusterState.
+
+All accounting lives in cluster.py; this file only moves JSON objects from the API into
+``ClusterState.replace`` (after each list) and ``ClusterState.apply_event`` (for each watch event). One
+daemon thread per kind (bound pods, nodes, namespaces); a failed watch logs, waits and lists again.
+The ``kubernetes`` package is the optional ``k8s`` extra: without it the extender runs without the API.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from gpufleet_extender.cluster import ClusterState
+from gpufleet_extender.config import KubeApiMode
+
+log = logging.getLogger(__name__)
+
+_WATCH_TIMEOUT_SECONDS = 60  # the server ends each watch after this; the loop re-checks stop() between
+_RETRY_SECONDS = (1, 2, 5, 10, 30)
+
+
+def connect(mode: KubeApiMode) -> Any | None:
+    """A kubernetes ApiClient per ``mode``, or None when no API is configured (or the extra is missing)."""
+    if mode is KubeApiMode.OFF:
+        return None
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    kubeconfig = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    if mode is KubeApiMode.AUTO and not in_cluster and not Path(kubeconfig.split(os.pathsep)[0]).is_file():
+        log.info("no Kubernetes API configured: in-flight accounting and namespace tenants are off")
+        return None
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        log.warning("KUBE_API=%s but the kubernetes package is missing (install gpufleet-extender[k8s])", mode)
+        return None
+    try:
+        if mode is KubeApiMode.IN_CLUSTER or (mode is KubeApiMode.AUTO and in_cluster):
+            config.load_incluster_config()
+        else:
+            config.load_kube_config()
+    except Exception as exc:  # the library raises several unrelated types for a bad config
+        log.warning("cannot load Kubernetes configuration (%s): running without the API", exc)
+        return None
+    return client.ApiClient()
+
+
+class ClusterWatcher:
+    def __init__(self, api: Any, state: ClusterState):
+        from kubernetes import client
+
+        core = client.CoreV1Api(api)
+        self._state = state
+        self._stop = threading.Event()
+        # Only bound pods matter for in-flight accounting; the field selector keeps the stream small.
+        self._lists = {
+            "Pod": lambda **kw: core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=", **kw),
+            "Node": lambda **kw: core.list_node(**kw),
+            "Namespace": lambda **kw: core.list_namespace(**kw),
+        }
+        self._threads = [
+            threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind.lower()}", daemon=True)
+            for kind in self._lists
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self, kind: str) -> None:
+        from kubernetes import watch
+
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                listed = json.loads(self._lists[kind](_preload_content=False).data)
+                self._state.replace(kind, listed.get("items") or [])
+                version = (listed.get("metadata") or {}).get("resourceVersion")
+                failures = 0
+                while not self._stop.is_set():
+                    stream = watch.Watch().stream(
+                        self._lists[kind], resource_version=version, timeout_seconds=_WATCH_TIMEOUT_SECONDS
+                    )
+                    for event in stream:
+                        raw = event.get("raw_object") or {}
+                        if event.get("type") == "ERROR":  # e.g. 410 Gone: list again
+                            raise RuntimeError(raw.get("message", "watch error"))
+                        self._state.apply_event(kind, event.get("type", ""), raw)
+                        version = (raw.get("metadata") or {}).get("resourceVersion", version)
+                        if self._stop.is_set():
+                            return
+            except Exception as exc:  # any API trouble: keep serving, list again later
+                delay = _RETRY_SECONDS[min(failures, len(_RETRY_SECONDS) - 1)]
+                failures += 1
+                log.warning("watching %ss failed (%s); listing again in %ss", kind, exc, delay)
+                self._stop.wait(delay)

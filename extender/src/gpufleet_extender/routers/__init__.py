@@ -1,0 +1,1 @@
+"""One router per endpoint group: ``scheduler`` (kube-scheduler's verbs) and ``health`` (probes, metrics)."""

@@ -1,0 +1,34 @@
+"""GET /healthz (the process serves), /readyz (decisions can be trusted), /metrics (prometheus-client)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpufleet_extender.dependencies import ExtenderDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(extender: ExtenderDep) -> JSONResponse:
+    age = extender.metrics_age()
+    body = {
+        "ready": extender.ready(),
+        "metrics_age_seconds": None if age == float("inf") else round(age, 3),
+        "on_missing_metrics": extender.policy.missing_policy_name,
+        "metrics_source": extender.settings.METRICS_SOURCE.value,
+        "metrics_source_error": extender.source_error(),
+    }
+    return JSONResponse(body, status_code=200 if body["ready"] else 503)
+
+
+@router.get("/metrics")
+async def metrics(extender: ExtenderDep) -> Response:
+    return Response(generate_latest(extender.telemetry.registry), media_type=CONTENT_TYPE_LATEST)

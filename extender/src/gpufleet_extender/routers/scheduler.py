@@ -1,0 +1,64 @@
+"""POST /filter and POST /prioritize: kube-scheduler's extender verbs.
+
+The routes take the raw body (no pydantic model of a whole Pod and NodeList: msgspec decodes only what
+the extender reads) and answer ready-encoded JSON. Every refusal is a 4xx with a message saying what is
+wrong; kube-scheduler treats any non-200 as the extender failing for that pod.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from gpufleet_extender.dependencies import ExtenderDep
+from gpufleet_extender.wire import WireError
+
+router = APIRouter(tags=["scheduler"])
+
+
+class BodyTooLarge(WireError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body larger than MAX_BODY_BYTES ({limit} bytes)", 413)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing more than ``limit`` bytes before reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise WireError("invalid Content-Length header", 400)
+        if int(declared) > limit:
+            raise BodyTooLarge(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _answer(verb: str, request: Request, extender, handle: Callable[[bytes], bytes]) -> Response:
+    started = time.perf_counter()
+    try:
+        body = await read_body(request, extender.settings.MAX_BODY_BYTES)
+        answer = handle(body)
+    except WireError as exc:
+        extender.telemetry.bad_requests.labels(verb, str(exc.status)).inc()
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+    extender.telemetry.request_seconds.labels(verb).observe(time.perf_counter() - started)
+    return Response(content=answer, media_type="application/json")
+
+
+@router.post("/filter", summary="kube-scheduler filter verb (ExtenderArgs -> ExtenderFilterResult)")
+async def filter_nodes(request: Request, extender: ExtenderDep) -> Response:
+    return await _answer("filter", request, extender, extender.filter)
+
+
+@router.post("/prioritize", summary="kube-scheduler prioritize verb (ExtenderArgs -> HostPriorityList)")
+async def prioritize_nodes(request: Request, extender: ExtenderDep) -> Response:
+    return await _answer("prioritize", request, extender, extender.prioritize)

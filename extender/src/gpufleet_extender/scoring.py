@@ -1,0 +1,208 @@
+"""Filter and score nodes for a pod from a metrics snapshot: pure functions, no I/O, no clock.
+
+The server, the placement simulator and the scoring strategies all call these, so a decision made in one
+place is made the same way everywhere. Public API:
+
+- ``Policy.from_settings(settings)`` - thresholds, weights, staleness and the missing-metrics policy;
+- ``device_load(device, policy)`` - ``w_util * util + w_mem * mem`` of one device, 0..1;
+- ``pick_devices(devices, count, policy, assumed=0)`` - the ``count`` least-loaded devices a pod would get
+  after ``assumed`` in-flight pods took the best ones (the device-selection step, reusable on its own);
+- ``score_devices(devices, count, policy)`` - ``10 x (1 - mean load)`` rounded and clamped to 0..10,
+  a missing device (fewer than ``count``) counting as fully loaded;
+- ``evaluate_node(name, metrics, request, policy, now, assumed)`` - the filter verdict and score of one
+  node as a ``NodeVerdict``; ``evaluate_nodes`` maps it over many;
+- ``tenant_mismatch(node, node_tenant, namespace, namespace_tenant)`` - the tenant-pool rule.
+
+A pod that asks for no GPU passes everywhere with ``NEUTRAL_SCORE``, so the extender never changes the
+placement of non-GPU pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpufleet_extender.pods import WHOLE_GPU_RESOURCE, GpuRequest, ResourceRequest
+from gpufleet_extender.snapshot import DeviceMetrics, MetricsSnapshot, NodeMetrics
+
+MIN_SCORE = 0
+MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
+NEUTRAL_SCORE = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    gpu_util_threshold: float = 0.8
+    mem_util_threshold: float = 0.9
+    weight_gpu_util: float = 0.7
+    weight_mem_util: float = 0.3
+    max_age_seconds: float = 30.0  # 0: samples never go stale
+    deny_missing: bool = False  # ON_MISSING_METRICS=deny
+
+    @classmethod
+    def from_settings(cls, settings) -> Policy:  # settings: config.Settings (kept untyped: no import cycle)
+        return cls(
+            gpu_util_threshold=settings.GPU_UTIL_THRESHOLD,
+            mem_util_threshold=settings.MEM_UTIL_THRESHOLD,
+            weight_gpu_util=settings.WEIGHT_GPU_UTIL,
+            weight_mem_util=settings.WEIGHT_MEM_UTIL,
+            max_age_seconds=settings.METRICS_MAX_AGE_SECONDS,
+            deny_missing=settings.ON_MISSING_METRICS == "deny",
+        )
+
+    @property
+    def missing_policy_name(self) -> str:
+        return "deny" if self.deny_missing else "allow"
+
+
+class Outcome(StrEnum):
+    """Why a node got its verdict; also the ``outcome`` label of the decisions metric."""
+
+    PASS = "pass"
+    NO_GPU_REQUEST = "no_gpu_request"
+    OVERLOADED = "overloaded"
+    MISSING_ALLOWED = "missing_metrics_allowed"
+    MISSING_DENIED = "missing_metrics_denied"
+    TENANT_MISMATCH = "tenant_mismatch"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
+    passed: bool
+    score: int
+    outcome: Outcome
+    reason: str = ""  # why it failed, or the note that metrics were missing and the policy let it pass
+
+
+NO_GPU_VERDICT = NodeVerdict(True, NEUTRAL_SCORE, Outcome.NO_GPU_REQUEST)
+
+
+def device_load(device: DeviceMetrics, policy: Policy) -> float:
+    mem = device.mem if device.mem is not None else 0.0
+    return policy.weight_gpu_util * device.util + policy.weight_mem_util * mem
+
+
+def below_thresholds(device: DeviceMetrics, policy: Policy) -> bool:
+    mem_ok = device.mem is None or device.mem < policy.mem_util_threshold
+    return device.util < policy.gpu_util_threshold and mem_ok
+
+
+def _by_load(devices: Iterable[DeviceMetrics], policy: Policy) -> list[DeviceMetrics]:
+    return sorted(devices, key=lambda d: (device_load(d, policy), d.key))
+
+
+def pick_devices(devices: Sequence[DeviceMetrics], count: int, policy: Policy, assumed: int = 0) -> list[DeviceMetrics]:
+    """The ``count`` least-loaded devices left after ``assumed`` in-flight pods took the least-loaded ones."""
+    return _by_load(devices, policy)[assumed : assumed + count]
+
+
+def score_devices(devices: Sequence[DeviceMetrics], count: int, policy: Policy) -> int:
+    """``10 x (1 - mean load)`` over ``count`` devices; devices short of ``count`` count as fully loaded."""
+    if count <= 0:
+        return NEUTRAL_SCORE
+    total_load = sum(device_load(d, policy) for d in devices) + max(0, count - len(devices))
+    raw = MAX_SCORE * (1.0 - total_load / count)
+    return max(MIN_SCORE, min(MAX_SCORE, round(raw)))
+
+
+def _device_word(resource: str) -> str:
+    return "GPU" if resource == WHOLE_GPU_RESOURCE else "instance"
+
+
+def _figures(device: DeviceMetrics, policy: Policy) -> str:
+    util = f"util {device.util:.2f}"
+    if device.util >= policy.gpu_util_threshold:
+        util += f" > {policy.gpu_util_threshold:.2f}"
+    if device.mem is None:
+        return f"{util}, mem n/a"
+    mem = f"mem {device.mem:.2f}"
+    if device.mem >= policy.mem_util_threshold:
+        mem += f" > {policy.mem_util_threshold:.2f}"
+    return f"{util}, {mem}"
+
+
+def _missing(node: str, why: str, policy: Policy) -> NodeVerdict:
+    reason = f"{node}: {why} (ON_MISSING_METRICS={policy.missing_policy_name})"
+    if policy.deny_missing:
+        return NodeVerdict(False, MIN_SCORE, Outcome.MISSING_DENIED, reason)
+    return NodeVerdict(True, NEUTRAL_SCORE, Outcome.MISSING_ALLOWED, reason)
+
+
+def _evaluate_resource(
+    node: str, devices: Sequence[DeviceMetrics], want: ResourceRequest, policy: Policy, assumed: int
+) -> NodeVerdict:
+    ranked = _by_load(devices, policy)
+    available = ranked[assumed:]
+    word = _device_word(want.resource)
+    if not any(below_thresholds(d, policy) for d in available):
+        taken = f"; {assumed} taken by pods bound since the last sample" if assumed else ""
+        best = f"best: {_figures(available[0], policy)}" if available else f"all {len(ranked)} assumed busy"
+        return NodeVerdict(
+            False,
+            MIN_SCORE,
+            Outcome.OVERLOADED,
+            f"{node}: no {want.resource} {word} below thresholds ({best}{taken})",
+        )
+    return NodeVerdict(True, score_devices(available[: want.count], want.count, policy), Outcome.PASS)
+
+
+def evaluate_node(
+    node: str,
+    metrics: NodeMetrics | None,
+    request: GpuRequest,
+    policy: Policy,
+    now: float,
+    assumed: Mapping[str, int] | None = None,
+) -> NodeVerdict:
+    """Filter verdict and score of ``node`` for a pod asking for ``request``.
+
+    ``assumed`` counts, per resource, the pods bound to the node that no sample covers yet.
+    A pod asking for several resources passes when every one passes and scores the lowest of them.
+    """
+    if not request:
+        return NO_GPU_VERDICT
+    if metrics is None:
+        return _missing(node, "no GPU metrics for this node", policy)
+    age = now - metrics.sample_time
+    if policy.max_age_seconds > 0 and age > policy.max_age_seconds:
+        return _missing(node, f"GPU metrics are {age:.0f}s old (max {policy.max_age_seconds:g}s)", policy)
+    verdict: NodeVerdict | None = None
+    for want in request:
+        devices = metrics.devices.get(want.resource)
+        if not devices:
+            part = _missing(node, f"no {want.resource} {_device_word(want.resource)} in the metrics", policy)
+        else:
+            part = _evaluate_resource(node, devices, want, policy, (assumed or {}).get(want.resource, 0))
+        if not part.passed:
+            return part
+        if verdict is None or part.score < verdict.score:
+            verdict = part
+    return verdict
+
+
+def evaluate_nodes(
+    nodes: Iterable[str],
+    snapshot: MetricsSnapshot,
+    request: GpuRequest,
+    policy: Policy,
+    now: float,
+    assumed: Mapping[str, Mapping[str, int]] | None = None,
+) -> dict[str, NodeVerdict]:
+    """``evaluate_node`` for each name (the simulator's entry point)."""
+    assumed = assumed or {}
+    return {
+        name: evaluate_node(name, snapshot.nodes.get(name), request, policy, now, assumed.get(name)) for name in nodes
+    }
+
+
+def tenant_mismatch(node: str, node_tenant: str | None, namespace: str, namespace_tenant: str | None) -> str | None:
+    """The reason a GPU pod from ``namespace`` may not use ``node``'s tenant pool, or None when it may.
+
+    Nodes without a tenant label are shared. A labelled node only takes pods from namespaces labelled with
+    the same tenant.
+    """
+    if not node_tenant or node_tenant == namespace_tenant:
+        return None
+    owner = f"tenant {namespace_tenant}" if namespace_tenant else "no tenant"
+    return f"{node}: node is in tenant pool {node_tenant!r}; namespace {namespace!r} belongs to {owner}"

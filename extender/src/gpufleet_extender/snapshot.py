@@ -1,0 +1,155 @@
+"""dcgm-exporter series -> an immutable per-node snapshot of device load (pure, no I/O).
+
+Whole GPUs are the series without a MIG instance label, keyed by ``gpu`` (or ``UUID``); their utilisation is
+``DCGM_FI_DEV_GPU_UTIL`` (percent). MIG instances carry ``GPU_I_PROFILE``/``GPU_I_ID``; DCGM does not report
+GPU_UTIL per instance, so their utilisation is ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (a ratio). Memory
+utilisation is ``FB_USED / (FB_USED + FB_FREE)`` where both are present. A GPU split into MIG instances is
+not a whole GPU the device plugin can hand out, so it is left out of ``nvidia.com/gpu``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
+
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+FB_USED = "DCGM_FI_DEV_FB_USED"
+FB_FREE = "DCGM_FI_DEV_FB_FREE"
+DCGM_METRICS = (GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED, FB_FREE)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One series value: metric name, labels, value, and its timestamp (unix seconds) when known."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+    timestamp: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMetrics:
+    """Load of one device: ``util`` and ``mem`` in 0..1 (``mem`` None when FB metrics are missing)."""
+
+    key: str
+    util: float
+    mem: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMetrics:
+    name: str
+    sample_time: float  # newest sample of the node, unix seconds
+    devices: Mapping[str, tuple[DeviceMetrics, ...]]  # extended resource name -> devices
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    nodes: Mapping[str, NodeMetrics] = field(default_factory=dict)
+    taken_at: float | None = None  # when the source last answered; None: never
+    version: int = 0
+
+    def age(self, now: float) -> float:
+        return math.inf if self.taken_at is None else max(0.0, now - self.taken_at)
+
+
+EMPTY_SNAPSHOT = MetricsSnapshot()
+
+
+@dataclass(slots=True)
+class _DeviceAccumulator:
+    gpu: str
+    profile: str
+    util_percent: float | None = None
+    gr_active: float | None = None
+    fb_used: float | None = None
+    fb_free: float | None = None
+
+
+def _clamp01(value: float) -> float:
+    return min(1.0, max(0.0, value))
+
+
+def node_name_of(labels: Mapping[str, str], node_labels: Iterable[str]) -> str | None:
+    for label in node_labels:
+        name = labels.get(label)
+        if name:
+            return name
+    return None
+
+
+def build_snapshot(
+    samples: Iterable[Sample],
+    node_labels: Iterable[str],
+    default_time: float,
+    taken_at: float,
+    version: int,
+    node_sample_times: Mapping[str, float] | None = None,
+) -> MetricsSnapshot:
+    """Fold dcgm-exporter samples into a MetricsSnapshot.
+
+    ``default_time`` dates samples that carry no timestamp (file mtime, query time); ``node_sample_times``
+    overrides the per-node sample time (Prometheus reports it separately).
+    """
+    node_labels = tuple(node_labels)
+    devices: dict[tuple[str, str, str], _DeviceAccumulator] = {}
+    sample_times: dict[str, float] = {}
+    for sample in samples:
+        if sample.name not in DCGM_METRICS or not math.isfinite(sample.value):
+            continue
+        node = node_name_of(sample.labels, node_labels)
+        if node is None:
+            continue
+        gpu = sample.labels.get("gpu") or sample.labels.get("UUID") or ""
+        instance = sample.labels.get("GPU_I_ID", "")
+        profile = sample.labels.get("GPU_I_PROFILE", "") if instance else ""
+        acc = devices.get((node, gpu, instance))
+        if acc is None:
+            acc = devices[(node, gpu, instance)] = _DeviceAccumulator(gpu, profile)
+        if sample.name == GPU_UTIL:
+            acc.util_percent = sample.value
+        elif sample.name == GR_ENGINE_ACTIVE:
+            acc.gr_active = sample.value
+        elif sample.name == FB_USED:
+            acc.fb_used = sample.value
+        else:
+            acc.fb_free = sample.value
+        stamp = sample.timestamp if sample.timestamp is not None else default_time
+        sample_times[node] = max(sample_times.get(node, stamp), stamp)
+
+    split_gpus = {(node, acc.gpu) for (node, _, instance), acc in devices.items() if instance}
+    per_node: dict[str, dict[str, list[DeviceMetrics]]] = {}
+    for (node, gpu, instance), acc in devices.items():
+        if instance:
+            resource = MIG_RESOURCE_PREFIX + acc.profile if acc.profile else None
+            util = acc.gr_active
+            key = f"{gpu}/{instance}"
+        else:
+            resource = None if (node, gpu) in split_gpus else WHOLE_GPU_RESOURCE
+            util = acc.util_percent / 100.0 if acc.util_percent is not None else acc.gr_active
+            key = gpu
+        if resource is None or util is None:
+            continue
+        mem = None
+        if acc.fb_used is not None and acc.fb_free is not None and acc.fb_used + acc.fb_free > 0:
+            mem = _clamp01(acc.fb_used / (acc.fb_used + acc.fb_free))
+        per_node.setdefault(node, {}).setdefault(resource, []).append(DeviceMetrics(key, _clamp01(util), mem))
+
+    times = dict(sample_times)
+    if node_sample_times:
+        times.update(node_sample_times)
+    nodes = {
+        node: NodeMetrics(
+            name=node,
+            sample_time=times.get(node, default_time),
+            devices=MappingProxyType({res: tuple(sorted(devs, key=lambda d: d.key)) for res, devs in by_res.items()}),
+        )
+        for node, by_res in per_node.items()
+    }
+    return MetricsSnapshot(nodes=MappingProxyType(nodes), taken_at=taken_at, version=version)
