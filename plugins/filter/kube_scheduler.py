@@ -5,10 +5,6 @@
 The logic lives in module_utils/kube_scheduler_config.py (unit-tested there); these are thin Ansible adapters.
 """
 
-from __future__ import absolute_import, annotations, division, print_function
-
-__metaclass__ = type
-
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.mig.plugins.module_utils.kube_scheduler_config import (
     ManifestError,
