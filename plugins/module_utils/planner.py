@@ -90,6 +90,7 @@ class Instance:
     pids: tuple[int, ...] = ()
     complete: bool = True  # has its full-size compute instance
     uuid: str | None = None  # MIG device UUID, when it has a CI
+    compute_instance_ids: tuple[int, ...] = (0,)  # destroyed before the GPU instance itself
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,13 @@
+"""Options shared by the modules (documented once in doc_fragments/nvml_backend.py)."""
+
+from __future__ import annotations
+
+import copy
+
+_NVML_BACKEND_ARGS = {
+    "nvml_sim_state": {"type": "path", "required": False},
+}
+
+
+def nvml_backend_args() -> dict:
+    return copy.deepcopy(_NVML_BACKEND_ARGS)

@@ -1,0 +1,366 @@
+"""The small NVML interface the rest of module_utils uses, and its implementation on nvidia-ml-py (pynvml).
+
+This is the only module that imports pynvml. The simulator (nvml_sim.SimulatedNvml) implements the same interface,
+with NVML's semantics (profile enum vs profile id, pending MIG mode, IN_USE on busy instances, errors as NVML codes),
+so the planner and runner cannot tell them apart. `open_nvml()` picks one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import subprocess
+from dataclasses import dataclass
+
+from .exceptions import NvmlError, NvmlUnavailableError
+
+SIM_ENV = "GPUFLEET_NVML_SIM"
+
+# nvmlReturn_t values (nvml.h), shared by the real wrapper and the simulator so messages read the same.
+SUCCESS = 0
+ERROR_NAMES = {
+    1: "UNINITIALIZED",
+    2: "INVALID_ARGUMENT",
+    3: "NOT_SUPPORTED",
+    4: "NO_PERMISSION",
+    6: "NOT_FOUND",
+    7: "INSUFFICIENT_SIZE",
+    9: "DRIVER_NOT_LOADED",
+    12: "LIBRARY_NOT_FOUND",
+    13: "FUNCTION_NOT_FOUND",
+    15: "GPU_IS_LOST",
+    16: "RESET_REQUIRED",
+    17: "OPERATING_SYSTEM",
+    19: "IN_USE",
+    20: "MEMORY",
+    23: "INSUFFICIENT_RESOURCES",
+    29: "INVALID_STATE",
+    999: "UNKNOWN",
+}
+ERROR_CODES = {name: code for code, name in ERROR_NAMES.items()}
+
+GPU_INSTANCE_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT
+COMPUTE_INSTANCE_PROFILE_COUNT = 0x9  # NVML_COMPUTE_INSTANCE_PROFILE_COUNT
+COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0x0
+# NVML reports "not in a MIG instance" as 0xFFFFFFFF in process records.
+NO_INSTANCE = 0xFFFFFFFF
+_MIB = 1024 * 1024
+
+
+def error_name(code: int) -> str:
+    return ERROR_NAMES.get(code, f"CODE_{code}")
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    pci_device_id: int | None
+
+
+@dataclass(frozen=True)
+class GpuInstanceRecord:
+    gi_id: int
+    profile_id: int
+    start: int
+    size: int
+    compute_instances: tuple[tuple[int, int], ...]  # (compute instance id, compute slices)
+
+
+@dataclass(frozen=True)
+class MigDeviceRecord:
+    gi_id: int
+    ci_id: int
+    uuid: str
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    pid: int
+    used_memory_mib: int | None
+    gi_id: int | None  # None: not inside a MIG instance
+    ci_id: int | None
+
+
+class NvmlInterface:
+    """What module_utils needs from NVML. Indexes are NVML device indexes; IDs are NVML's GI/CI ids."""
+
+    def device_count(self) -> int:
+        raise NotImplementedError
+
+    def identity(self, index: int) -> DeviceIdentity:
+        raise NotImplementedError
+
+    def mig_mode(self, index: int) -> tuple[bool, bool]:
+        """(current, pending)."""
+        raise NotImplementedError
+
+    def set_mig_mode(self, index: int, enabled: bool) -> int:
+        """Returns NVML's activation status (SUCCESS, or e.g. IN_USE when the change stays pending until reset)."""
+        raise NotImplementedError
+
+    def reset_gpu(self, index: int) -> None:
+        raise NotImplementedError
+
+    def gpu_instance_profiles(self, index: int) -> list:
+        """planner.ProfileInfo for every profile enum NVML supports on this GPU, with placements by profile id."""
+        raise NotImplementedError
+
+    def gpu_instances(self, index: int, profile_ids: list[int]) -> list[GpuInstanceRecord]:
+        raise NotImplementedError
+
+    def mig_devices(self, index: int) -> list[MigDeviceRecord]:
+        raise NotImplementedError
+
+    def running_processes(self, index: int) -> list[ProcessRecord]:
+        raise NotImplementedError
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
+        """nvmlDeviceCreateGpuInstanceWithPlacement; returns the new GPU instance id."""
+        raise NotImplementedError
+
+    def create_compute_instance(self, index: int, gi_id: int, slice_count: int) -> int:
+        """Create the compute instance spanning the whole GPU instance; returns its id."""
+        raise NotImplementedError
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
+        raise NotImplementedError
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class PynvmlBackend(NvmlInterface):
+    """NvmlInterface on nvidia-ml-py. `lib` is the pynvml module (injectable for tests)."""
+
+    def __init__(self, lib=None):
+        if lib is None:
+            try:
+                import pynvml as lib  # the one pynvml import of the collection
+            except ImportError as exc:
+                raise NvmlUnavailableError(
+                    f"nvidia-ml-py (pynvml) is not installed for this Python ({exc}); install it, or set "
+                    f"{SIM_ENV} / nvml_sim_state to use the simulator"
+                ) from None
+        self._lib = lib
+        self._handles: dict[int, object] = {}
+        self._call("nvmlInit")
+
+    def _call(self, name: str, *args):
+        try:
+            return getattr(self._lib, name)(*args)
+        except self._lib.NVMLError as exc:
+            code = getattr(exc, "value", 999)
+            raise NvmlError(name, code, error_name(code)) from None
+
+    def _handle(self, index: int):
+        if index not in self._handles:
+            self._handles[index] = self._call("nvmlDeviceGetHandleByIndex", index)
+        return self._handles[index]
+
+    def _gi(self, index: int, gi_id: int):
+        return self._call("nvmlDeviceGetGpuInstanceById", self._handle(index), gi_id)
+
+    def device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetCount"))
+
+    def identity(self, index: int) -> DeviceIdentity:
+        handle = self._handle(index)
+        memory = self._call("nvmlDeviceGetMemoryInfo", handle)
+        pci = self._call("nvmlDeviceGetPciInfo", handle)
+        return DeviceIdentity(
+            index,
+            _text(self._call("nvmlDeviceGetUUID", handle)),
+            _text(self._call("nvmlDeviceGetName", handle)),
+            int(memory.total) // _MIB,
+            int(pci.pciDeviceId),
+        )
+
+    def mig_mode(self, index: int) -> tuple[bool, bool]:
+        try:
+            current, pending = self._call("nvmlDeviceGetMigMode", self._handle(index))
+        except NvmlError as exc:
+            if exc.code_name == "NOT_SUPPORTED":  # not MIG-capable
+                return False, False
+            raise
+        return bool(current), bool(pending)
+
+    def set_mig_mode(self, index: int, enabled: bool) -> int:
+        mode = self._lib.NVML_DEVICE_MIG_ENABLE if enabled else self._lib.NVML_DEVICE_MIG_DISABLE
+        return int(self._call("nvmlDeviceSetMigMode", self._handle(index), mode))
+
+    def reset_gpu(self, index: int) -> None:
+        # NVML has no public GPU reset; nvidia-smi does it (as mig-parted does). It refuses while clients hold the GPU.
+        proc = subprocess.run(
+            ["nvidia-smi", "--gpu-reset", "-i", str(index)], capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            output = (proc.stdout + proc.stderr).strip().replace("\n", " ")
+            code = ERROR_CODES["IN_USE"] if "in use" in output.lower() else ERROR_CODES["UNKNOWN"]
+            raise NvmlError("nvidia-smi --gpu-reset", code, error_name(code), output)
+
+    def gpu_instance_profiles(self, index: int) -> list:
+        from .planner import ProfileInfo
+
+        handle = self._handle(index)
+        profiles, seen = [], set()
+        for enum in range(GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", handle, enum)
+            except NvmlError as exc:
+                if exc.code_name in ("NOT_SUPPORTED", "INVALID_ARGUMENT"):
+                    continue  # this profile does not exist on this GPU
+                raise
+            if info.id in seen:
+                continue
+            seen.add(info.id)
+            placements = (self._lib.c_nvmlGpuInstancePlacement_t * 32)()
+            count = ctypes.c_uint(32)
+            self._call("nvmlDeviceGetGpuInstancePossiblePlacements", handle, info.id, placements, ctypes.byref(count))
+            name = _text(info.name).removeprefix("MIG ")
+            profiles.append(
+                ProfileInfo(
+                    enum,
+                    int(info.id),
+                    name,
+                    int(info.sliceCount),
+                    int(info.instanceCount),
+                    int(info.memorySizeMB),
+                    tuple((int(placements[i].start), int(placements[i].size)) for i in range(count.value)),
+                )
+            )
+        return profiles
+
+    def _compute_instance_profiles(self, gi) -> list:
+        found = []
+        for enum in range(COMPUTE_INSTANCE_PROFILE_COUNT):
+            try:
+                found.append(
+                    self._call(
+                        "nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, enum, COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                    )
+                )
+            except NvmlError as exc:
+                if exc.code_name not in ("NOT_SUPPORTED", "INVALID_ARGUMENT"):
+                    raise
+        return found
+
+    def gpu_instances(self, index: int, profile_ids: list[int]) -> list[GpuInstanceRecord]:
+        handle = self._handle(index)
+        records = []
+        for profile_id in profile_ids:
+            array = (self._lib.c_nvmlGpuInstance_t * 8)()
+            count = ctypes.c_uint(0)
+            self._call("nvmlDeviceGetGpuInstances", handle, profile_id, array, ctypes.byref(count))
+            for i in range(count.value):
+                gi = array[i]
+                info = self._call("nvmlGpuInstanceGetInfo", gi)
+                cis = []
+                for ci_profile in self._compute_instance_profiles(gi):
+                    ci_array = (self._lib.c_nvmlComputeInstance_t * 8)()
+                    ci_count = ctypes.c_uint(0)
+                    self._call(
+                        "nvmlGpuInstanceGetComputeInstances", gi, ci_profile.id, ci_array, ctypes.byref(ci_count)
+                    )
+                    for j in range(ci_count.value):
+                        ci_info = self._call("nvmlComputeInstanceGetInfo", ci_array[j])
+                        cis.append((int(ci_info.id), int(ci_profile.sliceCount)))
+                records.append(
+                    GpuInstanceRecord(
+                        int(info.id),
+                        int(info.profileId),
+                        int(info.placement.start),
+                        int(info.placement.size),
+                        tuple(sorted(cis)),
+                    )
+                )
+        return records
+
+    def mig_devices(self, index: int) -> list[MigDeviceRecord]:
+        handle = self._handle(index)
+        records = []
+        for i in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
+            try:
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+            except NvmlError as exc:
+                if exc.code_name == "NOT_FOUND":
+                    continue
+                raise
+            records.append(
+                MigDeviceRecord(
+                    int(self._call("nvmlDeviceGetGpuInstanceId", mig)),
+                    int(self._call("nvmlDeviceGetComputeInstanceId", mig)),
+                    _text(self._call("nvmlDeviceGetUUID", mig)),
+                    int(self._call("nvmlDeviceGetMemoryInfo", mig).total) // _MIB,
+                )
+            )
+        return records
+
+    def running_processes(self, index: int) -> list[ProcessRecord]:
+        records = []
+        for proc in self._call("nvmlDeviceGetComputeRunningProcesses", self._handle(index)):
+            used = getattr(proc, "usedGpuMemory", None)
+            gi_id = getattr(proc, "gpuInstanceId", NO_INSTANCE)
+            ci_id = getattr(proc, "computeInstanceId", NO_INSTANCE)
+            records.append(
+                ProcessRecord(
+                    int(proc.pid),
+                    int(used) // _MIB if used is not None else None,
+                    None if gi_id in (None, NO_INSTANCE) else int(gi_id),
+                    None if ci_id in (None, NO_INSTANCE) else int(ci_id),
+                )
+            )
+        return records
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
+        placement = self._lib.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, size
+        gi = self._call(
+            "nvmlDeviceCreateGpuInstanceWithPlacement", self._handle(index), profile_id, ctypes.byref(placement)
+        )
+        return int(self._call("nvmlGpuInstanceGetInfo", gi).id)
+
+    def create_compute_instance(self, index: int, gi_id: int, slice_count: int) -> int:
+        gi = self._gi(index, gi_id)
+        for ci_profile in self._compute_instance_profiles(gi):
+            if int(ci_profile.sliceCount) == slice_count:
+                ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, ci_profile.id)
+                return int(self._call("nvmlComputeInstanceGetInfo", ci).id)
+        code = ERROR_CODES["NOT_SUPPORTED"]
+        raise NvmlError(
+            "nvmlGpuInstanceCreateComputeInstance", code, error_name(code), f"no {slice_count}-slice compute profile"
+        )
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
+        gi = self._gi(index, gi_id)
+        ci = self._call("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id)
+        self._call("nvmlComputeInstanceDestroy", ci)
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        self._call("nvmlGpuInstanceDestroy", self._gi(index, gi_id))
+
+    def close(self) -> None:
+        # Shutting down is best effort: the process exits right after.
+        with contextlib.suppress(NvmlError):
+            self._call("nvmlShutdown")
+
+
+def open_nvml(sim_state: str | None = None) -> NvmlInterface:
+    """The simulator when a state file is named (argument, else $GPUFLEET_NVML_SIM), else NVML through pynvml."""
+    path = sim_state or os.environ.get(SIM_ENV)
+    if path:
+        from .nvml_sim import SimulatedNvml
+
+        return SimulatedNvml(path)
+    return PynvmlBackend()

@@ -1,0 +1,398 @@
+"""A faithful NVML simulator behind the same NvmlInterface as the real wrapper, persisted in a JSON state file.
+
+Faithful where the planner and runner could be fooled:
+- profile tables of H100 80GB / H200 141GB with NVML's two ID spaces: gpu_instance_profiles() walks the profile
+  *enum* and reports each profile's *id*; creation and placement queries take the id (an enum value passed as an id
+  creates the wrong profile or fails, as on a real GPU);
+- nvmlDeviceCreateGpuInstanceWithPlacement only accepts NVML's possible placements, fails with
+  INSUFFICIENT_RESOURCES on overlapping memory slices, exhausted compute slices or the profile's maximum;
+- nvmlDeviceSetMigMode returns an activation status: IN_USE (mode stays pending) while processes run on the GPU or
+  GPU instances exist when disabling, else SUCCESS; a GPU reset (or a reboot) applies the pending mode, and wipes
+  every GPU/compute instance, as MIG instances do not survive a reset;
+- destroying a compute instance with processes, or a GPU instance that still has compute instances or processes,
+  fails with IN_USE.
+Processes and NVML errors can be injected (state keys `processes`, `faults`); see docs/nvml-simulator.md.
+Every mutating call is saved to the state file before it returns, so a failure mid-apply leaves the state as far as
+it got, like a real GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import uuid as uuidlib
+
+from .exceptions import NvmlError
+from .nvml import (
+    ERROR_CODES,
+    SUCCESS,
+    DeviceIdentity,
+    GpuInstanceRecord,
+    MigDeviceRecord,
+    NvmlInterface,
+    ProcessRecord,
+)
+from .profile_tables import MEMORY_SLICES, PROFILE_COUNT, product_table
+
+STATE_VERSION = 1
+DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
+DEFAULT_GPUS = 8
+PRODUCT_ENV = "GPUFLEET_NVML_SIM_PRODUCT"
+GPUS_ENV = "GPUFLEET_NVML_SIM_GPUS"
+
+# The NVML function each simulated operation stands for: faults are injected by these names.
+CALLS = {
+    "identity": "nvmlDeviceGetHandleByIndex",
+    "mig_mode": "nvmlDeviceGetMigMode",
+    "set_mig_mode": "nvmlDeviceSetMigMode",
+    "reset_gpu": "nvidia-smi --gpu-reset",
+    "gpu_instance_profiles": "nvmlDeviceGetGpuInstanceProfileInfo",
+    "gpu_instances": "nvmlDeviceGetGpuInstances",
+    "mig_devices": "nvmlDeviceGetMigDeviceHandleByIndex",
+    "running_processes": "nvmlDeviceGetComputeRunningProcesses",
+    "create_gpu_instance": "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "create_compute_instance": "nvmlGpuInstanceCreateComputeInstance",
+    "destroy_compute_instance": "nvmlComputeInstanceDestroy",
+    "destroy_gpu_instance": "nvmlGpuInstanceDestroy",
+}
+
+
+def new_gpu(index: int, product: str) -> dict:
+    table = product_table(product)
+    return {
+        "index": index,
+        "uuid": f"GPU-{uuidlib.uuid4()}",
+        "name": table.product if product == table.product else product,
+        "memory_mib": table.memory_mib,
+        "pci_device_id": f"0x{table.pci_device_id:08X}",
+        "mig_mode": {"current": False, "pending": False},
+        "reset_supported": True,
+        "gpu_instances": [],
+        "processes": [],
+    }
+
+
+def new_state(gpus: int | None = None, product: str | None = None) -> dict:
+    gpus = gpus if gpus is not None else int(os.environ.get(GPUS_ENV, DEFAULT_GPUS))
+    product = product or os.environ.get(PRODUCT_ENV, DEFAULT_PRODUCT)
+    return {"version": STATE_VERSION, "gpus": [new_gpu(i, product) for i in range(gpus)], "faults": []}
+
+
+def _error(call: str, name: str, detail: str = "") -> NvmlError:
+    return NvmlError(call, ERROR_CODES[name], name, detail)
+
+
+class SimulatedNvml(NvmlInterface):
+    """NvmlInterface over a JSON state file (created as 8 x H100 80GB, MIG disabled, when missing)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                self.state = json.load(handle)
+            if self.state.get("version") != STATE_VERSION:
+                raise ValueError(f"{path}: unsupported simulator state version {self.state.get('version')!r}")
+        else:
+            self.state = new_state()
+            self._save()
+
+    # -- persistence and fault injection --------------------------------------------------------------------------
+    def _save(self) -> None:
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".nvml-sim-")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(self.state, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        os.replace(tmp, self.path)
+
+    def _maybe_fail(self, operation: str, index: int | None = None) -> int | None:
+        """Fire the first matching injected fault: raise it, or return it for `as: activation_status` faults."""
+        call = CALLS[operation]
+        for fault in self.state.get("faults", []):
+            if fault.get("call") != call or fault.get("gpu", index) != index:
+                continue
+            if fault.get("skip", 0) > 0:
+                fault["skip"] -= 1
+                self._save()
+                continue
+            fault["times"] = fault.get("times", 1) - 1
+            if fault["times"] <= 0:
+                self.state["faults"].remove(fault)
+            self._save()
+            name = fault.get("error", "UNKNOWN")
+            if fault.get("as") == "activation_status":
+                return ERROR_CODES[name]
+            raise _error(call, name, "injected by the simulator")
+        return None
+
+    def _gpu(self, index: int, operation: str) -> dict:
+        gpus = self.state["gpus"]
+        if not 0 <= index < len(gpus):
+            raise _error(CALLS[operation], "INVALID_ARGUMENT", f"no GPU {index}")
+        return gpus[index]
+
+    def _table(self, gpu: dict):
+        return product_table(gpu["name"])
+
+    def _row_by_id(self, gpu: dict, profile_id: int):
+        for row in self._table(gpu).profiles:
+            if row.id == profile_id:
+                return row
+        return None
+
+    def _require_mig(self, gpu: dict, operation: str) -> None:
+        if not gpu["mig_mode"]["current"]:
+            raise _error(CALLS[operation], "NOT_SUPPORTED", f"MIG mode is not enabled on GPU {gpu['index']}")
+
+    def _find_gi(self, gpu: dict, gi_id: int, operation: str) -> dict:
+        for gi in gpu["gpu_instances"]:
+            if gi["id"] == gi_id:
+                return gi
+        raise _error(CALLS[operation], "NOT_FOUND", f"no GPU instance {gi_id} on GPU {gpu['index']}")
+
+    # -- NvmlInterface -------------------------------------------------------------------------------------------
+    def device_count(self) -> int:
+        return len(self.state["gpus"])
+
+    def identity(self, index: int) -> DeviceIdentity:
+        self._maybe_fail("identity", index)
+        gpu = self._gpu(index, "identity")
+        return DeviceIdentity(index, gpu["uuid"], gpu["name"], gpu["memory_mib"], int(gpu["pci_device_id"], 16))
+
+    def mig_mode(self, index: int) -> tuple[bool, bool]:
+        self._maybe_fail("mig_mode", index)
+        mode = self._gpu(index, "mig_mode")["mig_mode"]
+        return bool(mode["current"]), bool(mode["pending"])
+
+    def set_mig_mode(self, index: int, enabled: bool) -> int:
+        injected = self._maybe_fail("set_mig_mode", index)
+        gpu = self._gpu(index, "set_mig_mode")
+        gpu["mig_mode"]["pending"] = enabled
+        status = injected
+        if status is None and gpu["mig_mode"]["current"] != enabled:
+            busy = bool(gpu["processes"]) or (not enabled and bool(gpu["gpu_instances"]))
+            status = ERROR_CODES["IN_USE"] if busy else SUCCESS
+        if status in (None, SUCCESS):
+            gpu["mig_mode"]["current"] = enabled
+            status = SUCCESS
+        self._save()
+        return status
+
+    def _apply_reset(self, gpu: dict) -> None:
+        # MIG instances do not survive a reset; the pending mode becomes current.
+        gpu["mig_mode"]["current"] = gpu["mig_mode"]["pending"]
+        gpu["gpu_instances"] = []
+
+    def reset_gpu(self, index: int) -> None:
+        self._maybe_fail("reset_gpu", index)
+        gpu = self._gpu(index, "reset_gpu")
+        if not gpu.get("reset_supported", True):
+            raise _error(CALLS["reset_gpu"], "NOT_SUPPORTED", "GPU reset is not supported here (reboot required)")
+        if gpu["processes"]:
+            pids = ", ".join(str(p["pid"]) for p in gpu["processes"])
+            raise _error(CALLS["reset_gpu"], "IN_USE", f"processes are using GPU {index} (PIDs {pids})")
+        self._apply_reset(gpu)
+        self._save()
+
+    def reboot(self) -> None:
+        """Simulate a host reboot: processes gone, pending modes applied, every MIG instance wiped."""
+        for gpu in self.state["gpus"]:
+            gpu["processes"] = []
+            self._apply_reset(gpu)
+        self._save()
+
+    def gpu_instance_profiles(self, index: int) -> list:
+        from .planner import ProfileInfo
+
+        self._maybe_fail("gpu_instance_profiles", index)
+        gpu = self._gpu(index, "gpu_instance_profiles")
+        by_enum = {row.enum: row for row in self._table(gpu).profiles}
+        profiles = []
+        for enum in range(PROFILE_COUNT):  # NVML answers NOT_SUPPORTED for enums the GPU lacks
+            row = by_enum.get(enum)
+            if row is None:
+                continue
+            placements = tuple((start, row.size) for start in row.starts)
+            profiles.append(
+                ProfileInfo(enum, row.id, row.name, row.slice_count, row.instance_count, row.memory_mib, placements)
+            )
+        return profiles
+
+    def gpu_instances(self, index: int, profile_ids: list[int]) -> list[GpuInstanceRecord]:
+        self._maybe_fail("gpu_instances", index)
+        gpu = self._gpu(index, "gpu_instances")
+        self._require_mig(gpu, "gpu_instances")
+        records = []
+        for gi in sorted(gpu["gpu_instances"], key=lambda g: g["id"]):
+            if gi["profile_id"] not in profile_ids:
+                continue
+            row = self._row_by_id(gpu, gi["profile_id"])
+            cis = tuple((ci["id"], row.slice_count) for ci in gi["compute_instances"])
+            records.append(GpuInstanceRecord(gi["id"], gi["profile_id"], gi["start"], gi["size"], cis))
+        return records
+
+    def mig_devices(self, index: int) -> list[MigDeviceRecord]:
+        self._maybe_fail("mig_devices", index)
+        gpu = self._gpu(index, "mig_devices")
+        if not gpu["mig_mode"]["current"]:
+            return []
+        records = []
+        for gi in sorted(gpu["gpu_instances"], key=lambda g: g["id"]):
+            row = self._row_by_id(gpu, gi["profile_id"])
+            for ci in gi["compute_instances"]:
+                records.append(MigDeviceRecord(gi["id"], ci["id"], ci["uuid"], row.memory_mib))
+        return records
+
+    def running_processes(self, index: int) -> list[ProcessRecord]:
+        self._maybe_fail("running_processes", index)
+        gpu = self._gpu(index, "running_processes")
+        return [
+            ProcessRecord(p["pid"], p.get("used_memory_mib"), p.get("gpu_instance_id"), p.get("compute_instance_id"))
+            for p in gpu["processes"]
+        ]
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
+        operation = "create_gpu_instance"
+        self._maybe_fail(operation, index)
+        gpu = self._gpu(index, operation)
+        self._require_mig(gpu, operation)
+        row = self._row_by_id(gpu, profile_id)
+        if row is None:
+            raise _error(CALLS[operation], "INVALID_ARGUMENT", f"no GPU-instance profile id {profile_id}")
+        if start not in row.starts or size != row.size:
+            raise _error(CALLS[operation], "INVALID_ARGUMENT", f"{start}:{size} is not a placement of {row.name}")
+        existing = gpu["gpu_instances"]
+        used = set()
+        compute = 0
+        same_profile = 0
+        for gi in existing:
+            used.update(range(gi["start"], gi["start"] + gi["size"]))
+            other = self._row_by_id(gpu, gi["profile_id"])
+            compute += other.slice_count
+            same_profile += gi["profile_id"] == profile_id
+        full = self._table(gpu).profiles[-1].slice_count
+        if (
+            used & set(range(start, start + size))
+            or compute + row.slice_count > full
+            or same_profile >= row.instance_count
+        ):
+            raise _error(CALLS[operation], "INSUFFICIENT_RESOURCES", f"{row.name} does not fit at {start}:{size}")
+        gi_id = min(set(range(1, MEMORY_SLICES + 7)) - {gi["id"] for gi in existing})
+        existing.append({"id": gi_id, "profile_id": profile_id, "start": start, "size": size, "compute_instances": []})
+        self._save()
+        return gi_id
+
+    def create_compute_instance(self, index: int, gi_id: int, slice_count: int) -> int:
+        operation = "create_compute_instance"
+        self._maybe_fail(operation, index)
+        gpu = self._gpu(index, operation)
+        gi = self._find_gi(gpu, gi_id, operation)
+        row = self._row_by_id(gpu, gi["profile_id"])
+        if slice_count != row.slice_count or gi["compute_instances"]:
+            raise _error(CALLS[operation], "INSUFFICIENT_RESOURCES", f"GPU instance {gi_id} has no room")
+        gi["compute_instances"].append({"id": 0, "uuid": f"MIG-{uuidlib.uuid4()}"})
+        self._save()
+        return 0
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
+        operation = "destroy_compute_instance"
+        self._maybe_fail(operation, index)
+        gpu = self._gpu(index, operation)
+        gi = self._find_gi(gpu, gi_id, operation)
+        ci = next((c for c in gi["compute_instances"] if c["id"] == ci_id), None)
+        if ci is None:
+            raise _error(CALLS[operation], "NOT_FOUND", f"no compute instance {ci_id} in GPU instance {gi_id}")
+        pids = [
+            p["pid"]
+            for p in gpu["processes"]
+            if (p.get("gpu_instance_id"), p.get("compute_instance_id")) == (gi_id, ci_id)
+        ]
+        if pids:
+            raise _error(CALLS[operation], "IN_USE", f"PIDs {', '.join(map(str, pids))} run on it")
+        gi["compute_instances"].remove(ci)
+        self._save()
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        operation = "destroy_gpu_instance"
+        self._maybe_fail(operation, index)
+        gpu = self._gpu(index, operation)
+        gi = self._find_gi(gpu, gi_id, operation)
+        pids = [p["pid"] for p in gpu["processes"] if p.get("gpu_instance_id") == gi_id]
+        if gi["compute_instances"] or pids:
+            raise _error(CALLS[operation], "IN_USE", f"GPU instance {gi_id} still has compute instances or processes")
+        gpu["gpu_instances"].remove(gi)
+        self._save()
+
+    def close(self) -> None:
+        """Nothing to release: every change is already saved."""
+
+    # -- test/lab helpers (not part of NvmlInterface) -------------------------------------------------------------
+    def add_process(self, index: int, pid: int, gi_id: int | None = None, ci_id: int | None = 0, used_mib: int = 1024):
+        gpu = self._gpu(index, "running_processes")
+        if gi_id is not None:
+            self._find_gi(gpu, gi_id, "running_processes")
+        gpu["processes"].append(
+            {
+                "pid": pid,
+                "used_memory_mib": used_mib,
+                "gpu_instance_id": gi_id,
+                "compute_instance_id": ci_id if gi_id is not None else None,
+            }
+        )
+        self._save()
+
+    def add_fault(self, call: str, error: str, gpu: int | None = None, skip: int = 0, times: int = 1, as_status=False):
+        if call not in CALLS.values():
+            raise ValueError(f"unknown NVML call {call!r}; known: {', '.join(sorted(CALLS.values()))}")
+        if error not in ERROR_CODES:
+            raise ValueError(f"unknown NVML error {error!r}; known: {', '.join(sorted(ERROR_CODES))}")
+        fault = {"call": call, "error": error, "skip": skip, "times": times}
+        if gpu is not None:
+            fault["gpu"] = gpu
+        if as_status:
+            fault["as"] = "activation_status"
+        self.state.setdefault("faults", []).append(fault)
+        self._save()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Small CLI for the lab and molecule: inspect a state file, reboot, inject processes or faults."""
+    parser = argparse.ArgumentParser(prog="nvml_sim", description=__doc__.splitlines()[0])
+    parser.add_argument("--state", required=True, help="simulator state file (created when missing)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("show", help="print the state")
+    sub.add_parser("reboot", help="wipe MIG instances and processes, apply pending MIG modes")
+    proc = sub.add_parser("add-process", help="start a fake process on a GPU or MIG instance")
+    proc.add_argument("--gpu", type=int, required=True)
+    proc.add_argument("--pid", type=int, required=True)
+    proc.add_argument("--gi", type=int, help="GPU instance id (omit for a whole-GPU process)")
+    fault = sub.add_parser("fault", help="make an NVML call fail")
+    fault.add_argument("--call", required=True)
+    fault.add_argument("--error", required=True)
+    fault.add_argument("--gpu", type=int)
+    fault.add_argument("--skip", type=int, default=0)
+    fault.add_argument("--times", type=int, default=1)
+    args = parser.parse_args(argv)
+    try:
+        sim = SimulatedNvml(args.state)
+        if args.command == "reboot":
+            sim.reboot()
+        elif args.command == "add-process":
+            sim.add_process(args.gpu, args.pid, args.gi)
+        elif args.command == "fault":
+            sim.add_fault(args.call, args.error, args.gpu, args.skip, args.times)
+        else:
+            json.dump(sim.state, sys.stdout, indent=2, sort_keys=True)
+            print()
+    except (NvmlError, ValueError, KeyError) as exc:
+        print(f"nvml_sim: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

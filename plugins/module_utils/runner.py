@@ -1,0 +1,193 @@
+"""Read the GPUs through the NVML interface, plan every GPU, then apply the plans unless in check mode.
+
+Order of work (mig-parted's "assert, then apply"):
+1. read every GPU, 2. validate and plan every selected GPU (SpecError / BusyInstanceError before any write),
+3. per GPU: destroy what must go, set the MIG mode, reset the GPU if its mode change is pending (and `reset`),
+   create the missing instances with explicit placements (GPU instance, then its full-size compute instance).
+An NVML failure in step 3 raises ApplyError carrying the per-GPU results so far; a rerun re-reads and converges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .exceptions import ApplyError, NvmlError
+from .nvml import ERROR_CODES, SUCCESS, NvmlInterface, error_name
+from .planner import Catalog, GpuPlan, GpuState, Instance, plan_gpu
+from .spec import parse_config, targets_for_gpus
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+def read_catalog(nvml: NvmlInterface, index: int) -> Catalog:
+    return Catalog(nvml.gpu_instance_profiles(index))
+
+
+def read_gpu(nvml: NvmlInterface, index: int, catalog: Catalog) -> GpuState:
+    """The planner's view of one GPU: identity, MIG mode, instances with their processes and MIG device UUIDs."""
+    identity = nvml.identity(index)
+    current, pending = nvml.mig_mode(index)
+    processes = nvml.running_processes(index)
+    instances = []
+    if current:
+        uuids = {(d.gi_id, d.ci_id): d.uuid for d in nvml.mig_devices(index)}
+        for record in nvml.gpu_instances(index, [p.id for p in catalog.profiles]):
+            profile = catalog.by_id[record.profile_id]
+            full_ci = [ci_id for ci_id, slices in record.compute_instances if slices == profile.slice_count]
+            # We manage exactly one full-size compute instance per GPU instance; anything else is rebuilt.
+            complete = len(record.compute_instances) == 1 and bool(full_ci)
+            instances.append(
+                Instance(
+                    gi_id=record.gi_id,
+                    profile=profile.name,
+                    start=record.start,
+                    size=record.size,
+                    pids=tuple(sorted(p.pid for p in processes if p.gi_id == record.gi_id)),
+                    complete=complete,
+                    uuid=uuids.get((record.gi_id, full_ci[0])) if full_ci else None,
+                    compute_instance_ids=tuple(ci_id for ci_id, _ in record.compute_instances),
+                )
+            )
+    return GpuState(
+        index=index,
+        uuid=identity.uuid,
+        name=identity.name,
+        mig_current=current,
+        mig_pending=pending,
+        instances=sorted(instances, key=lambda i: i.start),
+        gpu_pids=tuple(sorted(p.pid for p in processes if p.gi_id is None)),
+        pci_device_id=identity.pci_device_id,
+    )
+
+
+def plan(nvml: NvmlInterface, config: list, force: bool) -> list[tuple[GpuPlan, Catalog]]:
+    """Validate the whole request and plan every selected GPU; raises before anything is written."""
+    entries = parse_config(config)
+    count = nvml.device_count()
+    identities = [nvml.identity(i) for i in range(count)]
+    targets = targets_for_gpus(entries, [(i.index, i.pci_device_id) for i in identities])
+    plans = []
+    for index in sorted(targets):
+        catalog = read_catalog(nvml, index)
+        state = read_gpu(nvml, index, catalog)
+        plans.append((plan_gpu(state, targets[index], catalog, force), catalog))
+    return plans
+
+
+def gpu_result(gpu_plan: GpuPlan) -> dict:
+    """The per-GPU entry of the module's `gpus` return value (before anything is done)."""
+    return {
+        "index": gpu_plan.index,
+        "uuid": gpu_plan.uuid,
+        "name": gpu_plan.name,
+        "mig_enabled": {"before": gpu_plan.mig_before, "after": gpu_plan.mig_after},
+        "before": [s.as_dict() for s in gpu_plan.before],
+        "after": [s.as_dict() for s in gpu_plan.after],
+        "actions": gpu_plan.actions(),
+        "changed": gpu_plan.changed,
+        "done": [],
+        "mig_mode_pending": False,
+        "reset": False,
+    }
+
+
+class _Applier:
+    """Applies one GPU's plan, recording each finished step in `result["done"]`."""
+
+    def __init__(self, nvml: NvmlInterface, catalog: Catalog, result: dict, reset: bool, progress: Progress):
+        self.nvml, self.catalog, self.result, self.reset, self.progress = nvml, catalog, result, reset, progress
+
+    def _done(self, step: dict) -> None:
+        self.result["done"].append(step)
+        detail = f" {step['profile']}@{step['start']}" if "profile" in step else ""
+        self.progress(f"GPU {self.result['index']}: {step['op']}{detail}")
+
+    def run(self, gpu_plan: GpuPlan) -> None:
+        index = gpu_plan.index
+        for instance in gpu_plan.destroy:
+            for ci_id in instance.compute_instance_ids:
+                self.nvml.destroy_compute_instance(index, instance.gi_id, ci_id)
+            self.nvml.destroy_gpu_instance(index, instance.gi_id)
+            self._done({"op": "destroy", "profile": instance.profile, "start": instance.start})
+        if gpu_plan.set_mode and not self._set_mode(gpu_plan):
+            return  # mode change pending: instances can only be created once it is active
+        for slot in gpu_plan.create:
+            profile = self.catalog.by_name[slot.profile]
+            gi_id = self.nvml.create_gpu_instance(index, profile.id, slot.start, slot.size)
+            self.nvml.create_compute_instance(index, gi_id, profile.slice_count)
+            self._done({"op": "create", "profile": slot.profile, "start": slot.start})
+
+    def _set_mode(self, gpu_plan: GpuPlan) -> bool:
+        """Set the MIG mode; reset the GPU when the change stays pending. True when the new mode is active."""
+        index = gpu_plan.index
+        status = self.nvml.set_mig_mode(index, gpu_plan.mig_after)
+        self._done(
+            {
+                "op": "enable_mig" if gpu_plan.mig_after else "disable_mig",
+                "activation": error_name(status) if status != SUCCESS else "SUCCESS",
+            }
+        )
+        if status == SUCCESS:
+            return True
+        # IN_USE: the driver could not reset the busy GPU itself; RESET_REQUIRED: it cannot here (e.g. passthrough).
+        # Both leave the change pending. Anything else is a failure.
+        if status not in (ERROR_CODES["IN_USE"], ERROR_CODES["RESET_REQUIRED"]):
+            raise NvmlError("nvmlDeviceSetMigMode (activation status)", status, error_name(status))
+        if self.reset and status == ERROR_CODES["IN_USE"]:
+            self.nvml.reset_gpu(index)
+            self.result["reset"] = True
+            self._done({"op": "reset"})
+            current, _pending = self.nvml.mig_mode(index)
+            if current == gpu_plan.mig_after:
+                return True
+        self.result["mig_mode_pending"] = True
+        self.progress(f"GPU {index}: MIG mode change pending until the GPU is reset or the host reboots")
+        return False
+
+
+def apply(
+    nvml: NvmlInterface,
+    config: list,
+    force: bool = False,
+    reset: bool = True,
+    check_mode: bool = False,
+    progress: Progress = _quiet,
+) -> dict:
+    """Plan and (unless check_mode) apply. Returns {"gpus": [...], "changed": bool, "reboot_required": bool}."""
+    plans = plan(nvml, config, force)
+    results = [gpu_result(p) for p, _ in plans]
+    for (gpu_plan, catalog), result in zip(plans, results, strict=True):
+        if check_mode or not gpu_plan.changed:
+            continue
+        try:
+            _Applier(nvml, catalog, result, reset, progress).run(gpu_plan)
+        except NvmlError as exc:
+            result["failed"] = True
+            raise ApplyError(_failure_message(result, exc, results), results) from None
+    return summarize(results)
+
+
+def summarize(results: list[dict]) -> dict:
+    return {
+        "gpus": results,
+        "changed": any(r["changed"] for r in results),
+        "reboot_required": any(r["mig_mode_pending"] for r in results),
+    }
+
+
+def _failure_message(failed: dict, exc: NvmlError, results: list[dict]) -> str:
+    def describe(step: dict) -> str:
+        if "profile" in step:
+            return f"{step['op']} {step['profile']}@{step['start']}"
+        return step["op"]
+
+    done = ", ".join(describe(s) for s in failed["done"]) or "nothing"
+    finished = [str(r["index"]) for r in results if r["changed"] and not r.get("failed") and r["done"]]
+    message = f"GPU {failed['index']} ({failed['uuid']}): {exc.message}; already done on GPU {failed['index']}: {done}"
+    if finished:
+        message += f"; GPUs completed before it: {', '.join(finished)}"
+    return message + "; rerun to converge"
