@@ -1,0 +1,382 @@
+"""The tenants role: what it renders for the real inventories, the quotas/labels/taints it derives for small
+hand-made inventories, the inventory errors it refuses, and the arguments of its apply path."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import load_manifests, render_roles, run_playbook, validate_manifests
+
+TENANT_KEY = "gpufleet.io/tenant"
+MIG_OFF = [{"devices": "all", "mig_enabled": False}]
+
+
+def mig_all(**profiles: int) -> list[dict]:
+    """A layout giving every GPU the same MIG instances, e.g. mig_all(**{"1g.10gb": 7})."""
+    return [{"devices": "all", "mig_enabled": True, "mig_devices": profiles}]
+
+
+def write_inventory(tmp_path, pools: dict, tenants: dict, extra_gpu_hosts: dict | None = None, all_vars=None) -> str:
+    """An inventory with one group per pool: pools = {group: {"tenant": t, "hosts": [...], "layout": [...],
+    "gpus": n}}; extra_gpu_hosts = {host: hostvars} for GPU nodes outside any pool. Returns its path."""
+    children = {}
+    for group, pool in pools.items():
+        group_vars = {"mig_partition_config": pool["layout"], "gpufleet_gpus_per_node": pool.get("gpus", 8)}
+        if pool.get("tenant") is not None:
+            group_vars["gpufleet_tenant"] = pool["tenant"]
+        children[group] = {"hosts": {h: pool.get("hostvars", {}).get(h) for h in pool["hosts"]}, "vars": group_vars}
+    if extra_gpu_hosts:
+        children["untenanted"] = {"hosts": extra_gpu_hosts}
+    inventory = {
+        "all": {
+            "vars": {"gpufleet_namespace": "gpufleet-system", "gpufleet_tenants": tenants, **(all_vars or {})},
+            "children": {"gpu_nodes": {"children": children}},
+        }
+    }
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return str(path)
+
+
+def by_kind(documents: dict[str, list[dict]], kind: str) -> dict[tuple[str | None, str], dict]:
+    """Objects of one kind across the rendered files, keyed by (namespace, name)."""
+    return {
+        (doc["metadata"].get("namespace"), doc["metadata"]["name"]): doc
+        for docs in documents.values()
+        for doc in docs
+        if doc["kind"] == kind
+    }
+
+
+def quotas(documents) -> dict[str, dict[str, int]]:
+    """namespace -> {resource: hard limit} with the `requests.` prefix removed."""
+    return {
+        ns: {key.removeprefix("requests."): int(value) for key, value in doc["spec"]["hard"].items()}
+        for (ns, _), doc in by_kind(documents, "ResourceQuota").items()
+    }
+
+
+def render_tenants(tmp_path, inventory: str, extra_vars=None) -> dict[str, list[dict]]:
+    manifests = render_roles(["tenants"], tmp_path, inventory=inventory, extra_vars=extra_vars)
+    validate_manifests(manifests)
+    return load_manifests(manifests)
+
+
+def run_tenants(tmp_path, inventory: str, extra_vars: dict):
+    """Run the role and return the finished process (for the runs expected to fail)."""
+    playbook = tmp_path / "tenants.yml"
+    playbook.write_text(
+        yaml.safe_dump([{"name": "Tenants", "hosts": "localhost", "gather_facts": False, "roles": ["tenants"]}])
+    )
+    base = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    return run_playbook(str(playbook), inventory, {**base, **extra_vars}, tmp_path)
+
+
+# --- the real inventories ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lab_documents(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("tenants-lab")
+    manifests = render_roles(["tenants"], tmp_path, inventory="inventories/lab")
+    assert validate_manifests(manifests) > 0
+    return load_manifests(manifests)
+
+
+def test_lab_renders_one_file_per_concern(lab_documents):
+    assert set(lab_documents) == {
+        "tenants/priority-classes.yaml",
+        "tenants/namespaces.yaml",
+        "tenants/quotas.yaml",
+        "tenants/network-policies.yaml",
+        "tenants/nodes.yaml",
+    }
+
+
+def test_lab_quotas_are_the_pool_capacity(lab_documents):
+    per_namespace = quotas(lab_documents)
+    resources = {"nvidia.com/gpu", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-1g.10gb"}
+    # Every namespace names every GPU resource of the fleet: what its pool lacks is 0.
+    assert all(set(q) == resources for q in per_namespace.values())
+    # llm: 10 nodes x 8 whole GPUs.
+    assert per_namespace["llm-inference"] == {
+        "nvidia.com/gpu": 10 * 8,
+        "nvidia.com/mig-3g.40gb": 0,
+        "nvidia.com/mig-2g.20gb": 0,
+        "nvidia.com/mig-1g.10gb": 0,
+    }
+    # imagegen: 6 nodes; GPUs 0-3 two 3g.40gb each, GPUs 4-7 three 2g.20gb and one 1g.10gb each.
+    assert per_namespace["imagegen"] == {
+        "nvidia.com/gpu": 0,
+        "nvidia.com/mig-3g.40gb": 6 * 4 * 2,
+        "nvidia.com/mig-2g.20gb": 6 * 4 * 3,
+        "nvidia.com/mig-1g.10gb": 6 * 4 * 1,
+    }
+    # finnlp: 4 nodes x 8 GPUs x 7 instances, split evenly over its two namespaces.
+    for ns in ("finnlp", "finnlp-batch"):
+        assert per_namespace[ns]["nvidia.com/mig-1g.10gb"] == 4 * 8 * 7 // 2
+        assert per_namespace[ns]["nvidia.com/gpu"] == 0
+
+
+def test_lab_nodes_are_labelled_and_tainted_by_pool(lab_documents):
+    nodes = {name: doc for (_, name), doc in by_kind(lab_documents, "Node").items()}
+    assert len(nodes) == 20
+    expected_tenant = {
+        f"hk-gpu-{i:02d}": "llm" if i <= 10 else "imagegen" if i <= 16 else "finnlp" for i in range(1, 21)
+    }
+    for name, node in nodes.items():
+        tenant = expected_tenant[name]
+        # Partial objects for server-side apply: nothing but the labels and taints the role owns.
+        assert set(node) == {"apiVersion", "kind", "metadata", "spec"}
+        assert set(node["metadata"]) == {"name", "labels"}
+        assert node["metadata"]["labels"] == {"gpufleet.io/gpu-node": "true", TENANT_KEY: tenant}
+        assert node["spec"] == {"taints": [{"key": TENANT_KEY, "value": tenant, "effect": "NoSchedule"}]}
+
+
+def test_lab_namespaces_priorities_and_isolation(lab_documents):
+    namespaces = {name: doc for (_, name), doc in by_kind(lab_documents, "Namespace").items()}
+    assert {n: d["metadata"]["labels"][TENANT_KEY] for n, d in namespaces.items()} == {
+        "llm-inference": "llm",
+        "imagegen": "imagegen",
+        "finnlp": "finnlp",
+        "finnlp-batch": "finnlp",
+    }
+    classes = {name: doc for (_, name), doc in by_kind(lab_documents, "PriorityClass").items()}
+    assert classes["gpufleet-inference"]["value"] > classes["gpufleet-batch"]["value"]
+    assert classes["gpufleet-batch"]["preemptionPolicy"] == "Never"
+    assert namespaces["finnlp"]["metadata"]["annotations"]["gpufleet.io/priority-class"] == "gpufleet-batch"
+
+    policies = by_kind(lab_documents, "NetworkPolicy")
+    assert {ns for ns, _ in policies} == set(namespaces)
+    policy = policies[("finnlp", "gpufleet-tenant-isolation")]["spec"]
+    assert policy["podSelector"] == {} and policy["policyTypes"] == ["Ingress"]
+    peers = policy["ingress"][0]["from"]
+    assert {"podSelector": {}} in peers
+    assert {"namespaceSelector": {"matchLabels": {TENANT_KEY: "finnlp"}}} in peers
+    allowed = [p["namespaceSelector"]["matchExpressions"][0]["values"] for p in peers if "matchExpressions" in str(p)]
+    assert allowed == [["gpufleet-system", "monitoring"]]
+
+
+def test_hongkong_renders_what_the_lab_renders(lab_documents, tmp_path):
+    """The lab is the Hong Kong fleet's twin: the same tenant objects come out of both inventories."""
+    manifests = render_roles(["tenants"], tmp_path, inventory="inventories/hongkong")
+    assert validate_manifests(manifests) == sum(len(docs) for docs in lab_documents.values())
+    assert load_manifests(manifests) == lab_documents
+
+
+# --- derived values on small inventories ------------------------------------------------------------------------
+
+
+def test_uneven_split_overrides_and_untenanted_node(tmp_path):
+    tenants = {
+        "nlp": {"group": "pool_nlp", "namespaces": ["a", "b", "c"], "priority_class": "gpufleet-batch"},
+        "vision": {"group": "pool_vision", "namespaces": ["v1", "v2"], "priority_class": "gpufleet-inference"},
+    }
+    pools = {
+        # 1 node x 1 GPU x 7 instances = 7, three namespaces: 3, 2, 2 (remainder to the first).
+        "pool_nlp": {"tenant": "nlp", "hosts": ["n1"], "layout": mig_all(**{"1g.10gb": 7}), "gpus": 1},
+        # 2 nodes x 2 GPUs (one 3g.40gb + one 4g.40gb each) and 2 nodes x 2 whole GPUs.
+        "pool_vision": {
+            "tenant": "vision",
+            "hosts": ["v-1", "v-2"],
+            "layout": mig_all(**{"3g.40gb": 1, "4g.40gb": 1}),
+            "gpus": 2,
+        },
+        "pool_vision_whole": {"tenant": "vision", "hosts": ["v-3", "v-4"], "layout": MIG_OFF, "gpus": 2},
+    }
+    # pool_vision_whole is a second inventory group of tenant vision's nodes: make the pool group its parent.
+    inventory_path = write_inventory(tmp_path, pools, tenants, extra_gpu_hosts={"spare": None})
+    inventory = yaml.safe_load(Path(inventory_path).read_text())
+    children = inventory["all"]["children"]["gpu_nodes"]["children"]
+    children["pool_vision"]["children"] = {"pool_vision_whole": children.pop("pool_vision_whole")}
+    children["untenanted"]["vars"] = {"mig_partition_config": MIG_OFF, "gpufleet_gpus_per_node": 4}
+    Path(inventory_path).write_text(yaml.safe_dump(inventory, sort_keys=False))
+
+    overrides = {"vision": {"v2": {"nvidia.com/mig-3g.40gb": 1}}}
+    documents = render_tenants(tmp_path, inventory_path, {"tenants_quota_overrides": overrides})
+    per_namespace = quotas(documents)
+
+    assert [per_namespace[ns]["nvidia.com/mig-1g.10gb"] for ns in ("a", "b", "c")] == [3, 2, 2]
+    assert all(per_namespace[ns]["nvidia.com/gpu"] == 0 for ns in ("a", "b", "c"))
+    # vision: 3g.40gb capacity 2 nodes x 2 GPUs = 4; v2 is pinned at 1, so v1 gets the 3 left.
+    assert per_namespace["v1"]["nvidia.com/mig-3g.40gb"] == 3
+    assert per_namespace["v2"]["nvidia.com/mig-3g.40gb"] == 1
+    # 4g.40gb capacity 4 -> 2 + 2; whole GPUs: v-3, v-4 x 2 = 4 -> 2 + 2. The spare node's GPUs are nobody's.
+    assert [per_namespace[ns]["nvidia.com/mig-4g.40gb"] for ns in ("v1", "v2")] == [2, 2]
+    assert [per_namespace[ns]["nvidia.com/gpu"] for ns in ("v1", "v2")] == [2, 2]
+
+    nodes = {name: doc for (_, name), doc in by_kind(documents, "Node").items()}
+    assert set(nodes) == {"n1", "v-1", "v-2", "v-3", "v-4", "spare"}
+    assert nodes["v-3"]["metadata"]["labels"][TENANT_KEY] == "vision"
+    assert nodes["v-3"]["spec"]["taints"] == [{"key": TENANT_KEY, "value": "vision", "effect": "NoSchedule"}]
+    # A GPU node in no pool: selected by the device plugin, not tainted, no tenant.
+    assert nodes["spare"]["metadata"]["labels"] == {"gpufleet.io/gpu-node": "true"}
+    assert "spec" not in nodes["spare"]
+
+
+def test_full_split_and_taints_kept_from_the_cluster(tmp_path):
+    tenants = {"nlp": {"group": "pool_nlp", "namespaces": ["a", "b"], "priority_class": "gpufleet-batch"}}
+    pools = {"pool_nlp": {"tenant": "nlp", "hosts": ["n1", "n2"], "layout": mig_all(**{"2g.20gb": 3}), "gpus": 2}}
+    inventory = write_inventory(tmp_path, pools, tenants)
+    foreign = {"key": "example.com/maintenance", "value": "yes", "effect": "NoExecute"}
+    documents = render_tenants(
+        tmp_path,
+        inventory,
+        {
+            "tenants_quota_split": "full",
+            "tenants_taint_effect": "PreferNoSchedule",
+            # What apply mode reads from the cluster (read_nodes.yml): other managers' taints on n1.
+            "tenants_cluster_foreign_taints": {"n1": [foreign]},
+        },
+    )
+    # full: each namespace may use the whole pool (2 nodes x 2 GPUs x 3).
+    assert quotas(documents)["a"]["nvidia.com/mig-2g.20gb"] == 12
+    assert quotas(documents)["b"]["nvidia.com/mig-2g.20gb"] == 12
+    nodes = {name: doc for (_, name), doc in by_kind(documents, "Node").items()}
+    own = {"key": TENANT_KEY, "value": "nlp", "effect": "PreferNoSchedule"}
+    assert nodes["n1"]["spec"]["taints"] == [foreign, own]
+    assert nodes["n2"]["spec"]["taints"] == [own]
+
+
+# --- inventory errors -------------------------------------------------------------------------------------------
+
+
+def test_inconsistent_pools_fail_naming_every_problem(tmp_path):
+    tenants = {
+        "llm": {"group": "pool_llm", "namespaces": ["shared"], "priority_class": "gpufleet-inference"},
+        "cv": {"group": "pool_cv", "namespaces": ["shared", "cv"], "priority_class": "gpufleet-inference"},
+        "ghost": {"group": "pool_empty", "namespaces": ["ghost"], "priority_class": "no-such-class"},
+    }
+    pools = {
+        "pool_llm": {"tenant": "llm", "hosts": ["g1", "g2"], "layout": MIG_OFF},
+        # g2 is also in pool_cv; g3 says it belongs to llm.
+        "pool_cv": {
+            "tenant": "cv",
+            "hosts": ["g2", "g3"],
+            "layout": MIG_OFF,
+            "hostvars": {"g3": {"gpufleet_tenant": "llm"}},
+        },
+        "pool_empty": {"tenant": "ghost", "hosts": [], "layout": MIG_OFF},
+    }
+    result = run_tenants(tmp_path, write_inventory(tmp_path, pools, tenants), {"gpufleet_k8s_mode": "render"})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "Traceback" not in output
+    assert "host g2 is in two tenant groups: pool_llm (tenant llm) and pool_cv (tenant cv)" in output
+    assert "host g3 has gpufleet_tenant=llm but is in group pool_cv of tenant cv" in output
+    assert "tenant ghost: group pool_empty" in output
+    assert "namespace shared is listed by two tenants: llm and cv" in output
+    assert "priority_class no-such-class is not one of tenants_priority_classes" in output
+
+
+def test_host_claiming_a_tenant_outside_its_group_fails(tmp_path):
+    tenants = {"llm": {"group": "pool_llm", "namespaces": ["llm"], "priority_class": "gpufleet-inference"}}
+    pools = {"pool_llm": {"tenant": "llm", "hosts": ["g1"], "layout": MIG_OFF}}
+    inventory = write_inventory(
+        tmp_path,
+        pools,
+        tenants,
+        extra_gpu_hosts={
+            "stray": {"gpufleet_tenant": "llm", "mig_partition_config": MIG_OFF, "gpufleet_gpus_per_node": 8}
+        },
+    )
+    result = run_tenants(tmp_path, inventory, {"gpufleet_k8s_mode": "render"})
+    assert result.returncode != 0
+    assert (
+        "host stray has gpufleet_tenant=llm but is in no tenant group (tenant llm uses group pool_llm)" in result.stdout
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"nlp": {"a": {"nvidia.com/mig-1g.10gb": 10}}},
+            "tenant nlp: the explicit nvidia.com/mig-1g.10gb quotas add up to 10, more than the pool capacity of 7",
+        ),
+        ({"nlp": {"zz": {"nvidia.com/mig-1g.10gb": 1}}}, "tenants_quota_overrides.nlp: zz is not one of the tenant"),
+        ({"nlp": {"a": {"nvidia.com/mig-7g.80gb": 1}}}, "nvidia.com/mig-7g.80gb is not exposed by any GPU node"),
+        ({"other": {"a": {"nvidia.com/gpu": 1}}}, "tenants_quota_overrides: other is not a tenant"),
+    ],
+)
+def test_bad_quota_overrides_fail(tmp_path, overrides, message):
+    tenants = {"nlp": {"group": "pool_nlp", "namespaces": ["a", "b"], "priority_class": "gpufleet-batch"}}
+    pools = {"pool_nlp": {"tenant": "nlp", "hosts": ["n1"], "layout": mig_all(**{"1g.10gb": 7}), "gpus": 1}}
+    inventory = write_inventory(tmp_path, pools, tenants)
+    result = run_tenants(tmp_path, inventory, {"gpufleet_k8s_mode": "render", "tenants_quota_overrides": overrides})
+    assert result.returncode != 0
+    assert message in result.stdout
+
+
+def test_overcommit_is_accepted_when_asked_for(tmp_path):
+    tenants = {"nlp": {"group": "pool_nlp", "namespaces": ["a", "b"], "priority_class": "gpufleet-batch"}}
+    pools = {"pool_nlp": {"tenant": "nlp", "hosts": ["n1"], "layout": mig_all(**{"1g.10gb": 7}), "gpus": 1}}
+    overrides = {"nlp": {"a": {"nvidia.com/mig-1g.10gb": 10}}}
+    documents = render_tenants(
+        tmp_path,
+        write_inventory(tmp_path, pools, tenants),
+        {"tenants_quota_overrides": overrides, "tenants_quota_allow_overcommit": True},
+    )
+    assert quotas(documents)["a"]["nvidia.com/mig-1g.10gb"] == 10
+    assert quotas(documents)["b"]["nvidia.com/mig-1g.10gb"] == 0
+
+
+# --- apply mode -------------------------------------------------------------------------------------------------
+
+
+def closed_port_kubeconfig(tmp_path) -> str:
+    """A kubeconfig whose server is a 127.0.0.1 port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "none", "cluster": {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}
+        ],
+        "users": [{"name": "none", "user": {"token": "not-a-real-token"}}],
+        "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
+        "current-context": "none",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("read_nodes_first", "failing_task"),
+    [
+        (True, "Read the cluster's nodes"),
+        (False, "Apply the objects with server-side apply (tenants/priority-classes)"),
+    ],
+)
+def test_apply_mode_reaches_the_api_server(tmp_path, read_nodes_first, failing_task):
+    """Check mode against a closed port: the kubernetes.core tasks accept their arguments and fail connecting."""
+    tenants = {"nlp": {"group": "pool_nlp", "namespaces": ["a"], "priority_class": "gpufleet-batch"}}
+    pools = {"pool_nlp": {"tenant": "nlp", "hosts": ["n1"], "layout": MIG_OFF, "gpus": 1}}
+    playbook = tmp_path / "apply.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [{"name": "Apply", "hosts": "localhost", "gather_facts": False, "check_mode": True, "roles": ["tenants"]}]
+        )
+    )
+    inventory = write_inventory(tmp_path, pools, tenants)
+    extra = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpufleet_k8s_mode": "apply",
+        "gpufleet_kubeconfig": closed_port_kubeconfig(tmp_path),
+        "tenants_read_nodes_first": read_nodes_first,
+    }
+    result = run_playbook(str(playbook), inventory, extra, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"TASK [{failing_task}]" in output.replace("gpufleet.mig.k8s_manifests : ", "").replace("tenants : ", "")
+    assert "Connection refused" in output or "Max retries exceeded" in output
+    for argument_error in ("Unsupported parameters", "missing required arguments", "is not a valid", "argument spec"):
+        assert argument_error not in output
