@@ -1,0 +1,329 @@
+"""The gpu_device_plugin role: what it renders for the real inventories, the allocatable comparison, and the
+after-repartition refresh run in apply mode against a small fake Kubernetes API (plugin pod deleted on exactly
+the changed nodes, success once the node advertises its layout, a failure naming node/resource/expected/actual)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import yaml
+from conftest import REPO, load_manifests, render_roles, run_playbook, validate_manifests
+
+GPU_NODE_SELECTOR = {"gpufleet.io/gpu-node": "true"}
+
+
+def by_kind_name(documents: dict[str, list[dict]]) -> dict[tuple[str, str], dict]:
+    return {(d["kind"], d["metadata"]["name"]): d for docs in documents.values() for d in docs}
+
+
+@pytest.mark.parametrize("inventory", ["inventories/lab", "inventories/hongkong"])
+def test_renders_valid_mixed_strategy_daemonsets(tmp_path, inventory):
+    manifests = render_roles(["gpufleet.mig.gpu_device_plugin"], tmp_path, inventory)
+    assert validate_manifests(manifests) == 4  # Namespace, ConfigMap, plugin and GFD DaemonSets
+    documents = load_manifests(manifests)
+    assert set(documents) == {"namespaces/gpufleet-system.yaml", "gpu_device_plugin/device-plugin.yaml"}
+    objects = by_kind_name(documents)
+
+    config_map = objects[("ConfigMap", "nvidia-device-plugin-config")]
+    config_text = config_map["data"]["config.yaml"]
+    config = yaml.safe_load(config_text)
+    assert config["version"] == "v1"
+    assert config["flags"]["migStrategy"] == "mixed"
+
+    for name in ("nvidia-device-plugin", "gpu-feature-discovery"):
+        daemonset = objects[("DaemonSet", name)]
+        pod = daemonset["spec"]["template"]
+        assert pod["spec"]["nodeSelector"] == GPU_NODE_SELECTOR
+        assert {"key": "gpufleet.io/tenant", "operator": "Exists"} in pod["spec"]["tolerations"]
+        assert daemonset["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        # A changed config must roll the pods: the annotation is the hash of exactly that config.
+        assert (
+            pod["metadata"]["annotations"]["gpufleet.io/config-hash"]
+            == hashlib.sha256(config_text.encode()).hexdigest()
+        )
+        container = pod["spec"]["containers"][0]
+        assert {"name": "CONFIG_FILE", "value": "/config/config.yaml"} in container["env"]
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+
+
+def test_gfd_can_be_left_out_and_strategy_changed(tmp_path):
+    manifests = render_roles(
+        ["gpufleet.mig.gpu_device_plugin"],
+        tmp_path,
+        extra_vars={"gpu_device_plugin_gfd_enabled": False, "gpu_device_plugin_mig_strategy": "single"},
+    )
+    objects = by_kind_name(load_manifests(manifests))
+    assert ("DaemonSet", "gpu-feature-discovery") not in objects
+    config = yaml.safe_load(objects[("ConfigMap", "nvidia-device-plugin-config")]["data"]["config.yaml"])
+    assert config["flags"]["migStrategy"] == "single"
+
+
+# --- the allocatable comparison (vars/main.yml) -------------------------------------------------------------
+
+
+def mismatches(tmp_path, expected: dict, allocatable: dict) -> list[dict]:
+    """Evaluate the role's gpu_device_plugin_allocatable_mismatches expression for one node."""
+    out = tmp_path / "mismatches.json"
+    playbook = tmp_path / "compare.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {"ansible.builtin.include_vars": {"file": str(REPO / "roles/gpu_device_plugin/vars/main.yml")}},
+                        {
+                            "ansible.builtin.copy": {
+                                "dest": str(out),
+                                "content": "{{ gpu_device_plugin_allocatable_mismatches | to_json }}",
+                                "mode": "0644",
+                            }
+                        },
+                    ],
+                }
+            ]
+        )
+    )
+    extra = {
+        "gpu_device_plugin_expected": expected,
+        "gpu_device_plugin_allocatable": allocatable,
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+    }
+    result = run_playbook(str(playbook), "inventories/lab", extra, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_allocatable_matching_the_layout_has_no_mismatch(tmp_path):
+    expected = {"nvidia.com/mig-3g.40gb": 8, "nvidia.com/mig-2g.20gb": 12, "nvidia.com/mig-1g.10gb": 4}
+    # Quantities come as strings; non-GPU resources and a resource left at 0 by the old layout do not count.
+    allocatable = {"cpu": "190", "memory": "2Ti", "nvidia.com/gpu": "0"} | {k: str(v) for k, v in expected.items()}
+    assert mismatches(tmp_path, expected, allocatable) == []
+
+
+def test_allocatable_mismatches_name_resource_expected_and_actual(tmp_path):
+    expected = {"nvidia.com/mig-1g.10gb": 56}
+    stale = {"cpu": "190", "nvidia.com/gpu": "8", "nvidia.com/mig-1g.10gb": "49"}
+    assert mismatches(tmp_path, expected, stale) == [
+        {"resource": "nvidia.com/gpu", "expected": 0, "actual": 8},
+        {"resource": "nvidia.com/mig-1g.10gb", "expected": 56, "actual": 49},
+    ]
+    assert mismatches(tmp_path, {"nvidia.com/gpu": 8}, {"cpu": "190"}) == [
+        {"resource": "nvidia.com/gpu", "expected": 8, "actual": 0}
+    ]
+
+
+# --- the after-repartition refresh --------------------------------------------------------------------------
+
+NAMESPACE = "gpufleet-system"
+NOT_FOUND = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
+PLUGIN_LABELS = "app.kubernetes.io/name=nvidia-device-plugin,app.kubernetes.io/part-of=gpufleet"
+
+
+class FakeCluster:
+    """Just enough of the Kubernetes API for the refresh: discovery, pods (list/get/delete) and nodes (get).
+
+    Each node runs one plugin pod; deleting it makes the node advertise `after[node]` when `plugin_restart_fixes`
+    (the DaemonSet's fresh pod re-enumerated the MIG devices), else it keeps its stale allocatable."""
+
+    def __init__(self, before: dict[str, dict], after: dict[str, dict], plugin_restart_fixes: bool):
+        self.allocatable = {node: dict(resources) for node, resources in before.items()}
+        self.after = after
+        self.plugin_restart_fixes = plugin_restart_fixes
+        self.pods = {f"nvidia-device-plugin-{node}": node for node in before}
+        self.pod_queries: list[dict] = []
+        self.deleted: list[str] = []
+
+    def pod(self, name: str) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {}},
+            "spec": {"nodeName": self.pods[name]},
+        }
+
+    def handle(self, method: str, url: str) -> tuple[int, dict]:
+        parsed = urlparse(url)
+        path, query = parsed.path.rstrip("/"), parse_qs(parsed.query)
+        resource = lambda name, kind, namespaced: {  # noqa: E731
+            "name": name, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
+            "verbs": ["get", "list", "delete", "watch"],
+        }  # fmt: skip
+        if path == "/version":
+            return 200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0"}
+        if path == "/api":
+            return 200, {"kind": "APIVersions", "versions": ["v1"]}
+        if path == "/apis":
+            return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+        if path == "/api/v1":
+            resources = [resource("pods", "Pod", True), resource("nodes", "Node", False)]
+            return 200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": resources}
+        if path == f"/api/v1/namespaces/{NAMESPACE}/pods" and method == "GET":
+            self.pod_queries.append({key: values[0] for key, values in query.items()})
+            node = query.get("fieldSelector", [""])[0].removeprefix("spec.nodeName=")
+            items = [self.pod(name) for name, on in self.pods.items() if on == node]
+            return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
+        if path.startswith(f"/api/v1/namespaces/{NAMESPACE}/pods/"):
+            name = path.rsplit("/", 1)[1]
+            if name not in self.pods:
+                return 404, NOT_FOUND
+            if method == "DELETE":
+                pod = self.pod(name)
+                node = self.pods.pop(name)
+                self.deleted.append(name)
+                if self.plugin_restart_fixes:
+                    self.allocatable[node] = dict(self.after[node])
+                return 200, pod
+            return 200, self.pod(name)
+        if path.startswith("/api/v1/nodes/"):
+            node = path.rsplit("/", 1)[1]
+            if node not in self.allocatable:
+                return 404, NOT_FOUND
+            status = {"allocatable": self.allocatable[node]}
+            return 200, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}, "status": status}
+        return 404, NOT_FOUND
+
+
+@pytest.fixture
+def serve():
+    """Start a FakeCluster on 127.0.0.1 (plain HTTP); returns (cluster, url). Stopped after the test."""
+    servers = []
+
+    def start(cluster: FakeCluster) -> str:
+        class Handler(BaseHTTPRequestHandler):
+            def _reply(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                code, body = cluster.handle(self.command, self.path)
+                payload = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_DELETE = _reply
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def refresh(tmp_path, url: str, changed: dict[str, bool], layouts: dict[str, list]) -> tuple[int, str]:
+    """Run the role's refresh step in apply mode on a hand-made inventory against the API at `url`."""
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": url}}],
+        "users": [{"name": "fake", "user": {"token": "fake"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        "current-context": "fake",
+    }
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    hosts = {h: {"mig_partition_config": layouts[h], "mig_partition_layout_changed": c} for h, c in changed.items()}
+    inventory = {
+        "all": {
+            "vars": {"gpufleet_namespace": NAMESPACE, "gpufleet_gpus_per_node": 1},
+            "children": {"gpu_nodes": {"hosts": hosts}},
+        }
+    }
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    playbook = tmp_path / "refresh.yml"
+    role = {"name": "gpufleet.mig.gpu_device_plugin", "tasks_from": "refresh.yml"}
+    playbook.write_text(
+        yaml.safe_dump(
+            [{"hosts": "localhost", "gather_facts": False, "tasks": [{"ansible.builtin.include_role": role}]}]
+        )
+    )
+    extra = {
+        "gpufleet_k8s_mode": "apply",
+        "gpufleet_kubeconfig": str(tmp_path / "kubeconfig"),
+        "gpu_device_plugin_allocatable_retries": 3,
+        "gpu_device_plugin_allocatable_delay": 1,
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+    }
+    result = run_playbook(str(playbook), str(tmp_path / "inventory.yml"), extra, tmp_path)
+    return result.returncode, result.stdout + result.stderr
+
+
+SEVEN_SMALL = [{"devices": "all", "mig_enabled": True, "mig_devices": {"1g.10gb": 7}}]
+WHOLE = [{"devices": "all", "mig_enabled": False}]
+
+
+def test_refresh_restarts_only_changed_nodes_and_waits_for_their_layout(tmp_path, serve):
+    cluster = FakeCluster(
+        before={"n1": {"cpu": "64", "nvidia.com/gpu": "1"}, "n2": {"cpu": "64", "nvidia.com/gpu": "1"}},
+        after={"n1": {"cpu": "64", "nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "7"}, "n2": {}},
+        plugin_restart_fixes=True,
+    )
+    code, output = refresh(tmp_path, serve(cluster), {"n1": True, "n2": False}, {"n1": SEVEN_SMALL, "n2": WHOLE})
+    assert code == 0, output[-4000:]
+    assert cluster.deleted == ["nvidia-device-plugin-n1"]
+    assert cluster.pod_queries == [{"labelSelector": PLUGIN_LABELS, "fieldSelector": "spec.nodeName=n1"}]
+    assert "1 GPU node(s) with a changed MIG layout: n1." in output
+
+
+def test_refresh_fails_naming_node_resource_expected_and_actual(tmp_path, serve):
+    cluster = FakeCluster(
+        before={"n1": {"cpu": "64", "nvidia.com/gpu": "1"}}, after={"n1": {}}, plugin_restart_fixes=False
+    )
+    code, output = refresh(tmp_path, serve(cluster), {"n1": True}, {"n1": SEVEN_SMALL})
+    assert code != 0
+    assert cluster.deleted == ["nvidia-device-plugin-n1"]
+    assert (
+        "Node n1: allocatable does not match its MIG layout after 3s: nvidia.com/gpu expected 0, actual 1; "
+        "nvidia.com/mig-1g.10gb expected 7, actual 0." in " ".join(output.split())
+    )
+    assert "Traceback" not in output
+
+
+def test_render_mode_skips_the_refresh_visibly(tmp_path):
+    inventory = {
+        "all": {
+            "vars": {"gpufleet_namespace": NAMESPACE, "gpufleet_gpus_per_node": 1},
+            "children": {
+                "gpu_nodes": {
+                    "hosts": {
+                        "a": {"mig_partition_config": SEVEN_SMALL, "mig_partition_layout_changed": True},
+                        "b": {"mig_partition_config": WHOLE, "mig_partition_layout_changed": False},
+                        "c": {"mig_partition_config": WHOLE},
+                    }
+                }
+            },
+        }
+    }
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(
+        yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "roles": ["gpufleet.mig.gpu_device_plugin"]}])
+    )
+    extra = {
+        "gpufleet_k8s_mode": "render",
+        "gpufleet_manifests_dir": str(tmp_path / "out"),
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+    }
+    result = run_playbook(str(playbook), str(tmp_path / "inventory.yml"), extra, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    output = " ".join(result.stdout.split())
+    assert "1 GPU node(s) with a changed MIG layout: a." in output
+    assert "Render mode: plugin restart and allocatable check skipped" in output
