@@ -1,0 +1,294 @@
+"""The descheduler role: strict validation of its core objects, the DeschedulerPolicy's own structure (not a core
+kind: checked here against descheduler v1alpha2's fields and rules), the node selector covering the same nodes
+as dcgm-exporter, the derived PromQL load query evaluated by promtool on synthetic dcgm-exporter series, and the
+errors it refuses."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+from conftest import load_manifests, render_roles, run_playbook, validate_manifests
+
+# descheduler v1alpha2 fields (pkg/api/v1alpha2/types.go, LowNodeUtilizationArgs, DefaultEvictorArgs).
+POLICY_FIELDS = {
+    "apiVersion", "kind", "profiles", "nodeSelector", "maxNoOfPodsToEvictPerNode", "maxNoOfPodsToEvictPerNamespace",
+    "maxNoOfPodsToEvictTotal", "evictionFailureEventNotification", "metricsCollector", "metricsProviders",
+    "gracePeriodSeconds",
+}  # fmt: skip
+PROFILE_FIELDS = {"name", "pluginConfig", "plugins"}
+EXTENSION_POINTS = {"presort", "sort", "deschedule", "balance", "filter", "preEvictionFilter"}
+LOW_NODE_UTILIZATION_FIELDS = {
+    "useDeviationThresholds", "thresholds", "targetThresholds", "numberOfNodes", "metricsUtilization",
+    "evictionModes", "evictableNamespaces", "evictionLimits",
+}  # fmt: skip
+DEFAULT_EVICTOR_FIELDS = {
+    "nodeSelector", "evictLocalStoragePods", "evictDaemonSetPods", "evictSystemCriticalPods", "ignorePvcPods",
+    "evictFailedBarePods", "labelSelector", "priorityThreshold", "nodeFit", "minReplicas", "minPodAge",
+    "ignorePodsWithoutPDB", "noEvictionPolicy", "podProtections",
+}  # fmt: skip
+BALANCE_PLUGINS = {"LowNodeUtilization", "HighNodeUtilization", "RemoveDuplicates",
+                   "RemovePodsViolatingTopologySpreadConstraint"}  # fmt: skip
+
+
+def policy_errors(policy: dict) -> list[str]:
+    """What descheduler would refuse (or silently ignore) in a v1alpha2 policy that uses Prometheus metrics."""
+    errors = []
+    if policy.get("apiVersion") != "descheduler/v1alpha2" or policy.get("kind") != "DeschedulerPolicy":
+        errors.append("not a descheduler/v1alpha2 DeschedulerPolicy")
+    errors += [f"unknown policy field {key}" for key in set(policy) - POLICY_FIELDS]
+    providers = policy.get("metricsProviders", [])
+    sources = [p.get("source") for p in providers]
+    if len(sources) != len(set(sources)):
+        errors.append("a metrics source is configured twice")
+    for provider in providers:
+        if provider.get("source") == "Prometheus":
+            url = urlparse(provider.get("prometheus", {}).get("url", ""))
+            if url.scheme not in ("http", "https") or not url.hostname:
+                errors.append("prometheus URL is required when prometheus is enabled")
+    selector = policy.get("nodeSelector")
+    if selector is not None and not all(part.count("=") == 1 for part in selector.split(",")):
+        errors.append(f"nodeSelector {selector!r} is not a k=v,... label selector")
+    for key in ("maxNoOfPodsToEvictPerNode", "maxNoOfPodsToEvictPerNamespace", "maxNoOfPodsToEvictTotal"):
+        if key in policy and not (isinstance(policy[key], int) and policy[key] >= 0):
+            errors.append(f"{key} must be a non-negative integer")
+    names = [profile.get("name") for profile in policy.get("profiles", [])]
+    if not names or len(names) != len(set(names)):
+        errors.append("profiles must be a non-empty list with unique names")
+    for profile in policy.get("profiles", []):
+        errors += [f"unknown profile field {key}" for key in set(profile) - PROFILE_FIELDS]
+        configs = {config["name"]: config.get("args", {}) for config in profile.get("pluginConfig", [])}
+        errors += [f"unknown extension point {key}" for key in set(profile.get("plugins", {})) - EXTENSION_POINTS]
+        enabled = {name for point in profile.get("plugins", {}).values() for name in point.get("enabled", [])}
+        errors += [f"{name} configured but not enabled" for name in set(configs) - enabled - {"DefaultEvictor"}]
+        if set(profile.get("plugins", {}).get("balance", {}).get("enabled", [])) - BALANCE_PLUGINS:
+            errors.append("balance enables a plugin that is not a balance plugin")
+        errors += [
+            f"unknown DefaultEvictor arg {k}" for k in set(configs.get("DefaultEvictor", {})) - DEFAULT_EVICTOR_FIELDS
+        ]
+        if "LowNodeUtilization" in configs:
+            errors += low_node_utilization_errors(configs["LowNodeUtilization"], "Prometheus" in sources)
+    return errors
+
+
+def low_node_utilization_errors(args: dict, prometheus_provider: bool) -> list[str]:
+    errors = [f"unknown LowNodeUtilization arg {key}" for key in set(args) - LOW_NODE_UTILIZATION_FIELDS]
+    low, target = args.get("thresholds", {}), args.get("targetThresholds", {})
+    if not low or set(low) != set(target):
+        errors.append("thresholds and targetThresholds must configure the same resources")
+    for resource, value in low.items():
+        if not (0 <= value <= target.get(resource, -1) <= 100):
+            errors.append(f"{resource}: need 0 <= threshold <= targetThreshold <= 100")
+    metrics = args.get("metricsUtilization")
+    if metrics and metrics.get("source") == "Prometheus":
+        if not metrics.get("prometheus", {}).get("query"):
+            errors.append("prometheus query is required when metrics source is set to Prometheus")
+        if set(low) != {"MetricResource"} or set(target) != {"MetricResource"}:
+            errors.append('thresholds are expected to specify a single instance of "MetricResource" resource')
+        if not prometheus_provider:
+            errors.append("metricsUtilization uses Prometheus but no Prometheus metrics provider is configured")
+    if set(args.get("evictableNamespaces", {})) - {"exclude"}:
+        errors.append("only exclude namespaces can be set for LowNodeUtilization")
+    return errors
+
+
+def rendered(tmp_path, inventory="inventories/lab", extra_vars=None, roles=("gpufleet.mig.descheduler",)):
+    manifests = render_roles(list(roles), tmp_path, inventory, extra_vars)
+    documents = load_manifests(manifests)
+    objects = {(d["kind"], d["metadata"]["name"]): d for docs in documents.values() for d in docs}
+    policy = yaml.safe_load(objects[("ConfigMap", "descheduler-policy")]["data"]["policy.yaml"])
+    return manifests, objects, policy
+
+
+def load_args(policy: dict) -> dict:
+    (profile,) = [p for p in policy["profiles"] if p["name"] == "gpu-load"]
+    return {c["name"]: c.get("args", {}) for c in profile["pluginConfig"]}["LowNodeUtilization"]
+
+
+@pytest.mark.parametrize("inventory", ["inventories/lab", "inventories/hongkong"])
+def test_renders_a_valid_policy_covering_the_dcgm_exporter_nodes(tmp_path, inventory):
+    roles = ("gpufleet.mig.dcgm_exporter", "gpufleet.mig.descheduler")
+    manifests, objects, policy = rendered(tmp_path, inventory, roles=roles)
+    assert validate_manifests(manifests) >= 8
+    assert policy_errors(policy) == []
+
+    # The processed nodes and the nodes that export GPU load must be the same set, else a run aborts.
+    exporter_nodes = objects[("DaemonSet", "dcgm-exporter")]["spec"]["template"]["spec"]["nodeSelector"]
+    assert policy["nodeSelector"] == ",".join(f"{k}={v}" for k, v in exporter_nodes.items())
+
+    args = load_args(policy)
+    assert args["thresholds"] == {"MetricResource": 20} and args["targetThresholds"] == {"MetricResource": 70}
+    assert "gpufleet-system" in args["evictableNamespaces"]["exclude"]
+    query = args["metricsUtilization"]["prometheus"]["query"]
+    for profile, slices in {"1g.10gb": 1, "2g.20gb": 2, "3g.40gb": 3}.items():  # the inventory's layouts
+        assert f'GPU_I_PROFILE="{profile}"' in query and f"* {slices})" in query
+    assert '"Hostname"' in query and '"hostname"' in query and "DCGM_FI_DEV_GPU_UTIL" not in query
+
+    deployment = objects[("Deployment", "descheduler")]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert "--descheduling-interval=5m" in container["args"]
+    assert deployment["spec"]["replicas"] == 1
+
+
+def test_policy_check_rejects_what_descheduler_rejects(tmp_path):
+    _, _, policy = rendered(tmp_path)
+    args = load_args(policy)
+    broken = [
+        ({"thresholds": {"MetricResource": 80}}, "need 0 <= threshold"),
+        ({"thresholds": {"cpu": 20}, "targetThresholds": {"cpu": 50}}, "single instance"),
+        ({"metricsUtilization": {"source": "Prometheus", "prometheus": {}}}, "query is required"),
+        ({"evictableNamespaces": {"include": ["a"]}}, "only exclude"),
+        ({"typo": 1}, "unknown LowNodeUtilization arg typo"),
+    ]
+    for change, message in broken:
+        bad = yaml.safe_load(yaml.safe_dump(policy))
+        load_args(bad).update(change)
+        assert any(message in error for error in policy_errors(bad)), (change, policy_errors(bad))
+    without_url = yaml.safe_load(yaml.safe_dump(policy))
+    without_url["metricsProviders"][0]["prometheus"]["url"] = ""
+    assert "prometheus URL is required when prometheus is enabled" in policy_errors(without_url)
+    assert args  # the unmodified policy's args were found
+
+
+def test_variables_reach_the_policy(tmp_path):
+    extra = {
+        "descheduler_low_threshold": 10,
+        "descheduler_target_threshold": 85,
+        "descheduler_max_evictions_total": None,
+        "descheduler_excluded_namespaces": ["kube-system", "finnlp-batch"],
+        "descheduler_prometheus_url": "https://prometheus.example.invalid:9091",
+        "descheduler_prometheus_auth_secret": "prometheus-token",
+        "descheduler_interval": "2m",
+    }
+    manifests, objects, policy = rendered(tmp_path, extra_vars=extra)
+    validate_manifests(manifests)
+    assert policy_errors(policy) == []
+    args = load_args(policy)
+    assert args["thresholds"] == {"MetricResource": 10} and args["targetThresholds"] == {"MetricResource": 85}
+    assert args["evictableNamespaces"]["exclude"] == ["kube-system", "finnlp-batch"]
+    assert "maxNoOfPodsToEvictTotal" not in policy and policy["maxNoOfPodsToEvictPerNode"] == 1
+    prometheus = policy["metricsProviders"][0]["prometheus"]
+    assert prometheus == {
+        "url": "https://prometheus.example.invalid:9091",
+        "authToken": {"secretReference": {"namespace": "gpufleet-system", "name": "prometheus-token"}},
+    }
+    assert ("Role", "gpufleet-descheduler-prometheus-token") in objects
+    container = objects[("Deployment", "descheduler")]["spec"]["template"]["spec"]["containers"][0]
+    assert "--descheduling-interval=2m" in container["args"]
+
+
+def test_query_weighs_only_the_profiles_of_a_hand_made_inventory(tmp_path):
+    inventory = {
+        "all": {
+            "vars": {"gpufleet_namespace": "gpufleet-system", "gpufleet_gpus_per_node": 2},
+            "children": {
+                "gpu_nodes": {
+                    "hosts": {
+                        "big": {"mig_partition_config": [{"devices": "all", "mig_enabled": True,
+                                                          "mig_devices": {"4g.40gb": 1, "3g.40gb": 1}}]},
+                        "whole": {"mig_partition_config": [{"devices": "all", "mig_enabled": False}]},
+                    }
+                }
+            },
+        }
+    }  # fmt: skip
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    _, _, policy = rendered(tmp_path, inventory=str(path))
+    query = load_args(policy)["metricsUtilization"]["prometheus"]["query"]
+    assert 'GPU_I_PROFILE="4g.40gb"' in query and "* 4)" in query and "* 0 + 4)" in query
+    assert 'GPU_I_PROFILE="3g.40gb"' in query and "1g.10gb" not in query and "2g.20gb" not in query
+
+
+# --- the query, evaluated --------------------------------------------------------------------------------------
+
+
+def series(name_label: str, host: str, gpu: int, value: float, profile: str = "", instance_id: str = "") -> dict:
+    labels = {name_label: host, "gpu": str(gpu), "instance": f"10.0.0.{gpu}:9400", "job": "dcgm"}
+    if profile:
+        labels |= {"GPU_I_PROFILE": profile, "GPU_I_ID": instance_id}
+    text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{text}}}", "values": f"{value}x10"}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) is not installed")
+def test_query_gives_each_gpu_node_its_slice_weighted_load(tmp_path):
+    _, _, policy = rendered(tmp_path)
+    query = load_args(policy)["metricsUtilization"]["prometheus"]["query"]
+
+    inputs, expected = [], {}
+    # Released exporter (Hostname): a node of 8 whole GPUs - the plain mean.
+    whole = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
+    inputs += [series("Hostname", "hk-gpu-01", gpu, v) for gpu, v in enumerate(whole)]
+    expected["hk-gpu-01"] = sum(whole) / len(whole)
+    # Newer exporter (hostname): GPU 0 as two 3g.40gb, GPU 1 as three 2g.20gb + one 1g.10gb. The GPU-level series
+    # of the MIG-enabled GPU 0 must not count on top of its instances.
+    mig = [(0, "3g.40gb", "1", 0.9, 3), (0, "3g.40gb", "2", 0.3, 3), (1, "2g.20gb", "3", 0.5, 2),
+           (1, "2g.20gb", "4", 0.0, 2), (1, "2g.20gb", "5", 1.0, 2), (1, "1g.10gb", "6", 0.2, 1)]  # fmt: skip
+    inputs += [series("hostname", "hk-gpu-11", gpu, v, p, i) for gpu, p, i, v, _ in mig]
+    inputs.append(series("hostname", "hk-gpu-11", 0, 0.99))
+    expected["hk-gpu-11"] = sum(v * w for *_, v, w in mig) / sum(w for *_, w in mig)
+
+    test_file = tmp_path / "query_test.yml"
+    test_file.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [],
+                "evaluation_interval": "1m",
+                "tests": [
+                    {
+                        "interval": "1m",
+                        "input_series": inputs,
+                        "promql_expr_test": [
+                            # One sample per GPU node, named after the host label, not the scrape address.
+                            {
+                                "expr": f"count by (instance) ({query})",
+                                "eval_time": "5m",
+                                "exp_samples": [{"labels": f'{{instance="{node}"}}', "value": 1} for node in expected],
+                            },
+                        ]
+                        + [
+                            # Each node's load, to within float rounding (promtool compares exactly).
+                            {
+                                "expr": f'abs(sum(({query}) and on(instance) label_replace(vector(1), "instance", '
+                                f'"{node}", "", "")) - {load!r}) < bool 1e-9',
+                                "eval_time": "5m",
+                                "exp_samples": [{"labels": "{}", "value": 1}],
+                            }
+                            for node, load in expected.items()
+                        ],
+                    }
+                ],
+            },
+            sort_keys=False,
+        )
+    )
+    result = subprocess.run(["promtool", "test", "rules", str(test_file)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert min(expected.values()) >= 0 and max(expected.values()) <= 1
+
+
+# --- refused input -----------------------------------------------------------------------------------------
+
+
+def test_bad_thresholds_fail_with_a_clear_message(tmp_path):
+    playbook = tmp_path / "p.yml"
+    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "roles": ["descheduler"]}]))
+    extra = {
+        "descheduler_low_threshold": 80,
+        "descheduler_target_threshold": 50,
+        "gpufleet_k8s_mode": "render",
+        "gpufleet_manifests_dir": str(tmp_path / "out"),
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+    }
+    result = run_playbook(str(playbook), "inventories/lab", extra, tmp_path)
+    assert result.returncode != 0
+    assert "Need 0 <= descheduler_low_threshold (80) <= descheduler_target_threshold (50) <= 100" in " ".join(
+        result.stdout.split()
+    )
+    assert not (tmp_path / "out" / "descheduler").exists()
