@@ -292,6 +292,14 @@ def _percentage_errors(value, path):
     return []
 
 
+def _defaulted_profiles(profiles):
+    """kube-scheduler's v1 profile defaults: no profile means one; a lone unnamed profile is default-scheduler."""
+    profiles = [dict(profile) for profile in profiles or [{}]]
+    if len(profiles) == 1 and profiles[0].get("schedulerName") is None:
+        profiles[0]["schedulerName"] = "default-scheduler"
+    return profiles
+
+
 def _profile_errors(profiles):
     if not profiles:
         return [_required("profiles")]
@@ -384,7 +392,7 @@ def scheduler_config_errors(config):
     parallelism = config.get("parallelism", DEFAULT_PARALLELISM)
     if parallelism <= 0:
         errors.append(_invalid("parallelism", parallelism, "should be an integer value greater than zero"))
-    errors.extend(_profile_errors(config.get("profiles") or [{"schedulerName": "default-scheduler"}]))
+    errors.extend(_profile_errors(_defaulted_profiles(config.get("profiles"))))
     errors.extend(_percentage_errors(config.get("percentageOfNodesToScore"), "percentageOfNodesToScore"))
     initial_backoff = config.get("podInitialBackoffSeconds", DEFAULT_POD_INITIAL_BACKOFF_SECONDS)
     max_backoff = config.get("podMaxBackoffSeconds", DEFAULT_POD_MAX_BACKOFF_SECONDS)

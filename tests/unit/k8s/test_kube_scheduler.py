@@ -1,0 +1,432 @@
+"""The kube_scheduler role: what it renders for the real inventories (both modes), the managedResources it derives
+for small hand-made inventories, the configurations and inventories it refuses, and its apply path's arguments.
+
+The KubeSchedulerConfiguration is checked here against an independent strict pydantic model of the v1 types
+(k8s.io/kube-scheduler/config/v1), besides the role's own port of kube-scheduler's validation rules."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal
+
+import pytest
+import yaml
+from conftest import REPO, load_manifests, render_roles, run_playbook, validate_manifests
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ROLE = "gpufleet.mig.kube_scheduler"
+KUBEADM_MANIFEST = REPO / "extensions/molecule/kube_scheduler_static_pod/files/kube-scheduler.yaml"
+CLUSTER_IP = "10.96.0.50"
+MIG_OFF = [{"devices": "all", "mig_enabled": False}]
+# The Hong Kong fleet: llm whole GPUs, imagegen 3g.40gb + 2g.20gb + 1g.10gb, finnlp 1g.10gb (inventories/hongkong).
+FLEET_RESOURCES = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb"]
+
+
+# --- a strict model of kubescheduler.config.k8s.io/v1 (the fields the role may write) --------------------------------
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ManagedResource(Strict):
+    name: str
+    ignoredByScheduler: bool = False
+
+
+class Extender(Strict):
+    urlPrefix: str
+    filterVerb: str = ""
+    preemptVerb: str = ""
+    prioritizeVerb: str = ""
+    weight: int = 0
+    bindVerb: str = ""
+    enableHTTPS: bool = False
+    tlsConfig: dict | None = None
+    httpTimeout: str = Field(default="", pattern=r"^(\d+(\.\d+)?(ns|us|ms|s|m|h))+$")
+    nodeCacheCapable: bool = False
+    managedResources: list[ManagedResource] = []
+    ignorable: bool = False
+
+
+class LeaderElection(Strict):
+    leaderElect: bool
+    leaseDuration: str = "15s"
+    renewDeadline: str = "10s"
+    retryPeriod: str = "2s"
+    resourceLock: str = "leases"
+    resourceName: str
+    resourceNamespace: str
+
+
+class ClientConnection(Strict):
+    kubeconfig: str = ""
+    acceptContentTypes: str = ""
+    contentType: str = ""
+    qps: float = 50
+    burst: int = 100
+
+
+class Profile(Strict):
+    schedulerName: str
+    percentageOfNodesToScore: int | None = None
+    plugins: dict | None = None
+    pluginConfig: list[dict] | None = None
+
+
+class KubeSchedulerConfiguration(Strict):
+    apiVersion: Literal["kubescheduler.config.k8s.io/v1"]
+    kind: Literal["KubeSchedulerConfiguration"]
+    parallelism: int | None = None
+    leaderElection: LeaderElection
+    clientConnection: ClientConnection
+    percentageOfNodesToScore: int | None = None
+    podInitialBackoffSeconds: int | None = None
+    podMaxBackoffSeconds: int | None = None
+    profiles: list[Profile]
+    extenders: list[Extender]
+
+    @field_validator("extenders")
+    @classmethod
+    def gpu_extender_first(cls, extenders):
+        assert extenders, "the GPU extender is missing"
+        return extenders
+
+
+# --- helpers ----------------------------------------------------------------------------------------------------------
+
+
+def scheduler_config(manifests: Path, relative: str = "kube_scheduler/scheduler-config.yaml") -> dict:
+    config = yaml.safe_load((manifests / relative).read_text())
+    KubeSchedulerConfiguration.model_validate(config)
+    return config
+
+
+def objects(manifests: Path) -> dict[tuple[str, str], dict]:
+    """Rendered objects of the secondary mode keyed by (kind, name)."""
+    docs = load_manifests(manifests)["kube_scheduler/secondary.yaml"]
+    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in docs}
+
+
+def managed_resource_names(config: dict) -> list[str]:
+    return [resource["name"] for resource in config["extenders"][0]["managedResources"]]
+
+
+def write_inventory(tmp_path: Path, pools: dict[str, tuple[list, int]], all_vars: dict | None = None) -> str:
+    """An inventory with control_plane (cp-1, cp-2) and one gpu_nodes child group per pool:
+    pools = {group: (mig_partition_config, gpus_per_node)}, two hosts each."""
+    children = {
+        group: {
+            "hosts": {f"{group}-1": None, f"{group}-2": None},
+            "vars": {"mig_partition_config": layout, "gpufleet_gpus_per_node": gpus},
+        }
+        for group, (layout, gpus) in pools.items()
+    }
+    inventory = {
+        "all": {
+            "vars": {"gpufleet_namespace": "gpufleet-system", **(all_vars or {})},
+            "children": {
+                "control_plane": {"hosts": {"cp-1": None, "cp-2": None}},
+                "gpu_nodes": {"children": children},
+            },
+        }
+    }
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return str(path)
+
+
+def render_static_pod(tmp_path: Path, inventory: str, extra_vars: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the role in static_pod + render mode on the control-plane hosts, patching the kubeadm fixture."""
+    playbook = tmp_path / "static_pod.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [{"name": "static_pod", "hosts": "control_plane", "serial": 1, "gather_facts": False, "roles": [ROLE]}]
+        )
+    )
+    all_vars = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpufleet_k8s_mode": "render",
+        "gpufleet_manifests_dir": str(tmp_path / "manifests"),
+        "kube_scheduler_mode": "static_pod",
+        "kube_scheduler_static_pod_manifest": str(KUBEADM_MANIFEST),
+        "gpu_extender_cluster_ip": CLUSTER_IP,
+        **(extra_vars or {}),
+    }
+    return run_playbook(str(playbook), inventory, all_vars, tmp_path)
+
+
+def render_failure(tmp_path: Path, extra_vars: dict, inventory: str = "inventories/lab") -> str:
+    """Render the secondary mode expecting the play to fail; return its output."""
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(yaml.safe_dump([{"name": "r", "hosts": "localhost", "gather_facts": False, "roles": [ROLE]}]))
+    all_vars = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpufleet_k8s_mode": "render",
+        "gpufleet_manifests_dir": str(tmp_path / "manifests"),
+        "kube_scheduler_mode": "secondary",
+        **extra_vars,
+    }
+    result = run_playbook(str(playbook), inventory, all_vars, tmp_path)
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+# --- the real inventories ---------------------------------------------------------------------------------------------
+
+
+def test_lab_renders_the_secondary_scheduler(tmp_path):
+    manifests = render_roles([ROLE], tmp_path)
+    # 9 objects of the secondary scheduler and its namespace (delivered by k8s_manifests).
+    assert validate_manifests(manifests) == 10
+    assert "namespaces/gpufleet-system.yaml" in load_manifests(manifests)
+    config = scheduler_config(manifests)
+    assert managed_resource_names(config) == FLEET_RESOURCES
+    extender = config["extenders"][0]
+    assert extender["urlPrefix"] == "http://gpufleet-extender.gpufleet-system.svc:8000"
+    assert (extender["filterVerb"], extender["prioritizeVerb"]) == ("filter", "prioritize")
+    assert extender["weight"] == 3 and extender["httpTimeout"] == "500ms"
+    assert extender["nodeCacheCapable"] is True and extender["ignorable"] is True
+    assert all(resource["ignoredByScheduler"] is False for resource in extender["managedResources"])
+    assert config["profiles"] == [{"schedulerName": "gpufleet-scheduler"}]
+    assert config["leaderElection"]["resourceName"] == "gpufleet-scheduler"
+    assert config["leaderElection"]["resourceNamespace"] == "gpufleet-system"
+    assert config["clientConnection"]["kubeconfig"] == ""  # in-cluster credentials of the ServiceAccount
+
+
+def test_secondary_objects_wire_config_hash_rbac_and_leader_election(tmp_path):
+    manifests = render_roles([ROLE], tmp_path)
+    rendered = objects(manifests)
+    config_text = (manifests / "kube_scheduler/scheduler-config.yaml").read_text()
+    configmap = rendered[("ConfigMap", "gpufleet-scheduler-config")]
+    assert configmap["data"]["scheduler-config.yaml"] == config_text
+
+    deployment = rendered[("Deployment", "gpufleet-scheduler")]
+    pod = deployment["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["kube-scheduler", "--config=/etc/kubernetes/gpufleet/scheduler-config.yaml"]
+    assert pod["spec"]["volumes"] == [{"name": "config", "configMap": {"name": "gpufleet-scheduler-config"}}]
+    assert pod["spec"]["serviceAccountName"] == "gpufleet-scheduler"
+    assert deployment["spec"]["replicas"] == 2
+    assert ("PodDisruptionBudget", "gpufleet-scheduler") in rendered
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+    role_refs = {(doc["kind"], doc["roleRef"]["name"]) for doc in rendered.values() if "roleRef" in doc}
+    assert role_refs == {
+        ("ClusterRoleBinding", "system:kube-scheduler"),
+        ("ClusterRoleBinding", "system:volume-scheduler"),
+        ("RoleBinding", "extension-apiserver-authentication-reader"),
+        ("RoleBinding", "gpufleet-scheduler-leader-election"),
+    }
+    lease_role = rendered[("Role", "gpufleet-scheduler-leader-election")]
+    assert lease_role["metadata"]["namespace"] == "gpufleet-system"
+    assert {"resources": ["leases"], "resourceNames": ["gpufleet-scheduler"], "verbs": ["get", "update"]}.items() <= (
+        lease_role["rules"][1].items()
+    )
+
+
+def test_a_config_change_changes_the_pod_template_hash(tmp_path):
+    first = objects(render_roles([ROLE], tmp_path / "a"))
+    second = objects(render_roles([ROLE], tmp_path / "b", extra_vars={"kube_scheduler_extender_weight": 4}))
+    same = objects(render_roles([ROLE], tmp_path / "c"))
+
+    def config_hash(rendered):
+        annotations = rendered[("Deployment", "gpufleet-scheduler")]["spec"]["template"]["metadata"]["annotations"]
+        return annotations["gpufleet.io/scheduler-config-hash"]
+
+    assert config_hash(first) != config_hash(second)
+    assert config_hash(first) == config_hash(same)
+
+
+def test_hongkong_secondary_mode_renders_and_validates(tmp_path):
+    manifests = render_roles(
+        [ROLE], tmp_path, inventory="inventories/hongkong", extra_vars={"kube_scheduler_mode": "secondary"}
+    )
+    assert validate_manifests(manifests) == 10
+    assert managed_resource_names(scheduler_config(manifests)) == FLEET_RESOURCES
+
+
+def test_hongkong_static_pod_mode_renders_a_config_and_patched_manifest_per_control_plane_node(tmp_path):
+    result = render_static_pod(tmp_path, str(REPO / "inventories/hongkong"))
+    assert result.returncode == 0, result.stdout[-4000:]
+    manifests = tmp_path / "manifests"
+    # The patched manifests are Pods: validated strictly like every other object.
+    assert validate_manifests(manifests) == 3
+    for host in ("hk-cp-01", "hk-cp-02", "hk-cp-03"):
+        config = scheduler_config(manifests, f"kube_scheduler/{host}/scheduler-config.yaml")
+        assert managed_resource_names(config) == FLEET_RESOURCES
+        assert config["extenders"][0]["urlPrefix"] == f"http://{CLUSTER_IP}:8000"
+        assert config["profiles"] == [{"schedulerName": "default-scheduler"}]
+        # With --config, kube-scheduler ignores kubeadm's --kubeconfig flag: the file must carry it.
+        assert config["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"
+        assert config["leaderElection"]["resourceName"] == "kube-scheduler"
+        pod = yaml.safe_load((manifests / f"kube_scheduler/{host}/kube-scheduler.yaml").read_text())
+        command = pod["spec"]["containers"][0]["command"]
+        assert command.count("--config=/etc/kubernetes/gpufleet/scheduler-config.yaml") == 1
+        assert len(pod["metadata"]["annotations"]["gpufleet.io/scheduler-config-hash"]) == 16
+
+
+def test_static_pod_mode_takes_an_ipv6_cluster_ip(tmp_path):
+    inventory = write_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
+    result = render_static_pod(tmp_path, inventory, {"gpu_extender_cluster_ip": "fd00:10:96::50"})
+    assert result.returncode == 0, result.stdout[-4000:]
+    config = scheduler_config(tmp_path / "manifests", "kube_scheduler/cp-1/scheduler-config.yaml")
+    assert config["extenders"][0]["urlPrefix"] == "http://[fd00:10:96::50]:8000"
+
+
+# --- managedResources derived from hand-made inventories -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pools", "expected"),
+    [
+        ({"whole": (MIG_OFF, 8)}, ["nvidia.com/gpu"]),
+        (
+            {"small": ([{"devices": "all", "mig_enabled": True, "mig_devices": {"1g.20gb": 3, "1g.10gb": 1}}], 4)},
+            ["nvidia.com/mig-1g.10gb", "nvidia.com/mig-1g.20gb"],
+        ),
+        (
+            {
+                # Two GPUs whole, six split in one 7g.80gb each; a second pool adds 4g.40gb + 3g.40gb.
+                "mixed": (
+                    [
+                        {"devices": [0, 1], "mig_enabled": False},
+                        {"devices": [2, 3, 4, 5, 6, 7], "mig_enabled": True, "mig_devices": {"7g.80gb": 1}},
+                    ],
+                    8,
+                ),
+                "halves": ([{"devices": "all", "mig_enabled": True, "mig_devices": {"4g.40gb": 1, "3g.40gb": 1}}], 2),
+            },
+            ["nvidia.com/gpu", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-4g.40gb", "nvidia.com/mig-7g.80gb"],
+        ),
+    ],
+)
+def test_managed_resources_follow_the_layouts(tmp_path, pools, expected):
+    inventory = write_inventory(tmp_path, pools, {"kube_scheduler_mode": "secondary"})
+    manifests = render_roles([ROLE], tmp_path, inventory=inventory)
+    assert managed_resource_names(scheduler_config(manifests)) == expected
+
+
+# --- what the role refuses -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra_vars", "message"),
+    [
+        (
+            {"kube_scheduler_extender_weight": 0},
+            "extenders[0].weight: Invalid value: 0: must have a positive weight applied to it",
+        ),
+        (
+            {"kube_scheduler_extender_http_timeout": "500"},
+            'extenders[0].httpTimeout: Invalid value: "500": time: invalid duration "500"',
+        ),
+        (
+            {
+                "kube_scheduler_extra_extenders": [
+                    {"urlPrefix": "http://a", "bindVerb": "bind"},
+                    {"urlPrefix": "http://b", "bindVerb": "bind"},
+                ]
+            },
+            'extenders: Invalid value: "found 2 extenders implementing bind": only one extender can implement bind',
+        ),
+        (
+            {
+                "kube_scheduler_extra_extenders": [
+                    {"urlPrefix": "http://a", "managedResources": [{"name": "nvidia.com/gpu"}]}
+                ]
+            },
+            'extenders[1].managedResources[0].name: Invalid value: "nvidia.com/gpu": duplicate extender managed',
+        ),
+        (
+            {"kube_scheduler_extra_extenders": [{"urlPrefix": "http://a", "managedResources": [{"name": "gpu"}]}]},
+            'extenders[1].managedResources[0].name: Invalid value: "gpu": is an invalid extended resource name',
+        ),
+    ],
+)
+def test_the_play_fails_with_kube_schedulers_own_message(tmp_path, extra_vars, message):
+    output = render_failure(tmp_path, extra_vars)
+    assert "kube-scheduler would refuse this configuration" in output
+    assert message in output
+    assert not (tmp_path / "manifests" / "kube_scheduler").exists()
+
+
+def test_static_pod_mode_needs_a_reachable_extender_address(tmp_path):
+    inventory = write_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
+    result = render_static_pod(tmp_path, inventory, {"gpu_extender_cluster_ip": None})
+    assert result.returncode != 0
+    assert "cannot resolve *.svc names" in result.stdout
+    assert "Set gpu_extender_cluster_ip" in result.stdout
+
+
+def test_static_pod_mode_refuses_hosts_outside_the_control_plane(tmp_path):
+    output = render_failure(tmp_path, {"kube_scheduler_mode": "static_pod", "gpu_extender_cluster_ip": CLUSTER_IP})
+    assert "run the role on the hosts of group 'control_plane'" in output
+
+
+def test_gpu_nodes_without_layouts_are_named(tmp_path):
+    inventory = write_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
+    inventory_data = yaml.safe_load(Path(inventory).read_text())
+    inventory_data["all"]["children"]["gpu_nodes"]["children"]["bare"] = {"hosts": {"bare-1": None}}
+    Path(inventory).write_text(yaml.safe_dump(inventory_data))
+    output = render_failure(tmp_path, {}, inventory=inventory)
+    assert "mig_partition_config or gpufleet_gpus_per_node is not defined for bare-1" in output
+
+
+def test_an_invalid_layout_fails_with_the_layout_filters_message(tmp_path):
+    layout = [{"devices": "all", "mig_enabled": True, "mig_devices": {"3g.40gb": 3}}]  # 12 slices > 8
+    output = render_failure(tmp_path, {}, inventory=write_inventory(tmp_path, {"bad": (layout, 8)}))
+    assert "3g.40gb" in output
+
+
+# --- apply mode ------------------------------------------------------------------------------------------------------
+
+
+def closed_port_kubeconfig(tmp_path: Path) -> str:
+    """A kubeconfig whose server is a 127.0.0.1 port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}
+        ],
+        "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    return str(path)
+
+
+def test_secondary_apply_mode_reaches_the_api_server(tmp_path):
+    """Check mode against a closed port: the apply task accepts the rendered objects and fails connecting."""
+    playbook = tmp_path / "apply.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [{"name": "a", "hosts": "localhost", "gather_facts": False, "check_mode": True, "roles": [ROLE]}]
+        )
+    )
+    extra = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpufleet_k8s_mode": "apply",
+        "gpufleet_kubeconfig": closed_port_kubeconfig(tmp_path),
+        "kube_scheduler_mode": "secondary",
+    }
+    result = run_playbook(str(playbook), "inventories/lab", extra, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "TASK [gpufleet.mig.k8s_manifests : Apply the objects with server-side apply" in output
+    assert "Connection refused" in output or "Max retries exceeded" in output
+    for argument_error in ("Unsupported parameters", "missing required arguments", "is not a valid", "argument spec"):
+        assert argument_error not in output
