@@ -1,0 +1,177 @@
+"""Placement search and minimal-change planning, checked against brute force."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from _helpers import H100, H200, bench, every_count_combination
+from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import BusyInstanceError, SpecError
+from ansible_collections.gpufleet.mig.plugins.module_utils.planner import (
+    Catalog,
+    GpuState,
+    Instance,
+    ProfileInfo,
+    Slot,
+    plan_gpu,
+    search_placement,
+    validate_target,
+)
+from ansible_collections.gpufleet.mig.plugins.module_utils.spec import GpuTarget
+
+
+def greedy_first_fit(wanted: dict[str, int], catalog: Catalog, order: list[str]) -> bool:
+    """What a naive tool does: each instance at the lowest free placement, profiles in the given order."""
+    used: set[int] = set()
+    for name in order:
+        for _ in range(wanted[name]):
+            for start, size in catalog.by_name[name].placements:
+                cells = set(range(start, start + size))
+                if not cells & used:
+                    used |= cells
+                    break
+            else:
+                return False
+    return True
+
+
+def _is_valid(slots: list[Slot], wanted: dict[str, int], catalog: Catalog) -> bool:
+    cells = [m for s in slots for m in range(s.start, s.start + s.size)]
+    return (
+        Counter(s.profile for s in slots) == Counter(wanted)
+        and len(cells) == len(set(cells))
+        and all((s.start, s.size) in catalog.by_name[s.profile].placements for s in slots)
+        and sum(catalog.by_name[s.profile].slice_count for s in slots) <= catalog.compute_slices
+    )
+
+
+@pytest.mark.parametrize("catalog", [H100, H200], ids=["h100", "h200"])
+def test_search_agrees_with_brute_force_on_every_request(catalog):
+    checked = 0
+    for wanted in every_count_combination(catalog):
+        found = search_placement(wanted, catalog)
+        feasible = next(bench.all_layouts(wanted, catalog), None) is not None
+        assert (found is not None) == feasible, wanted
+        if found is not None:
+            assert _is_valid(found, wanted, catalog), (wanted, found)
+        checked += 1
+    assert checked > 1000  # the whole request space of a Hopper GPU, not a sample
+
+
+def test_greedy_counterexamples_exist_and_are_solved():
+    """Find, by brute force, valid requests that first-fit greedy misses, in the user's order or largest first."""
+    by_size = sorted(H100.names(), key=lambda n: -H100.by_name[n].slice_count)
+    misses_user_order, misses_largest_first = [], []
+    for wanted in every_count_combination(H100):
+        if search_placement(wanted, H100) is None:
+            continue
+        if not greedy_first_fit(wanted, H100, sorted(wanted)):
+            misses_user_order.append(wanted)
+        if not greedy_first_fit(wanted, H100, [n for n in by_size if n in wanted]):
+            misses_largest_first.append(wanted)
+    assert {"1g.10gb": 1, "4g.40gb": 1} in misses_user_order  # 4g.40gb can only start at 0
+    assert {"2g.20gb": 2, "3g.40gb": 1} in misses_largest_first  # 3g.40gb must go to 4
+    for wanted in misses_user_order + misses_largest_first:
+        assert _is_valid(search_placement(wanted, H100), wanted, H100)
+
+
+@pytest.mark.parametrize(
+    ("wanted", "expected"),
+    [
+        ({"1g.10gb": 1, "4g.40gb": 1}, [Slot("4g.40gb", 0, 4), Slot("1g.10gb", 4, 1)]),
+        ({"2g.20gb": 2, "3g.40gb": 1}, [Slot("2g.20gb", 0, 2), Slot("2g.20gb", 2, 2), Slot("3g.40gb", 4, 4)]),
+        ({"7g.80gb": 1}, [Slot("7g.80gb", 0, 8)]),
+    ],
+)
+def test_search_places_away_from_slot_zero_when_needed(wanted, expected):
+    assert search_placement(wanted, H100) == expected
+
+
+def test_geometry_failure_message_with_a_catalog_where_totals_fit():
+    # A GPU whose 2-slice profile may only start at 1: two of them fit the totals but never the geometry.
+    odd = Catalog(
+        [
+            ProfileInfo(0, 1, "1g.10gb", 1, 4, 10, ((0, 1), (1, 1), (2, 1), (3, 1))),
+            ProfileInfo(1, 2, "2g.20gb", 2, 2, 20, ((1, 2), (2, 2))),
+            ProfileInfo(3, 5, "4g.40gb", 4, 1, 40, ((0, 4),)),
+        ]
+    )
+    with pytest.raises(SpecError, match=r"GPU 9: no valid placement for 2 x 2g.20gb .*2g.20gb at 1/2"):
+        validate_target({"2g.20gb": 2}, odd, "GPU 9")
+
+
+def _state(instances, mig=True):
+    return GpuState(
+        index=3, uuid="GPU-x", name="NVIDIA H100 80GB HBM3", mig_current=mig, mig_pending=mig, instances=instances
+    )
+
+
+def _inst(gi_id, profile, start, pids=()):
+    return Instance(gi_id, profile, start, H100.by_name[profile].placements[0][1], tuple(pids))
+
+
+def test_only_changed_instances_are_touched():
+    state = _state([_inst(1, "3g.40gb", 0), _inst(2, "2g.20gb", 4), _inst(3, "1g.10gb", 6)])
+    plan = plan_gpu(state, GpuTarget(True, {"3g.40gb": 1, "1g.10gb": 3}, 0), H100, force=False)
+    assert plan.actions() == [
+        {"op": "destroy", "profile": "2g.20gb", "start": 4},
+        {"op": "create", "profile": "1g.10gb", "start": 4},
+        {"op": "create", "profile": "1g.10gb", "start": 5},
+    ]
+
+
+def test_kept_instance_forces_placement_of_the_rest():
+    # 1g.10gb at 0 stays; 3g.40gb then has to go to 4 and the 2g.20gb to 2.
+    state = _state([_inst(1, "1g.10gb", 0)])
+    plan = plan_gpu(state, GpuTarget(True, {"1g.10gb": 1, "3g.40gb": 1, "2g.20gb": 1}, 0), H100, force=False)
+    assert plan.destroy == []
+    assert [s.as_dict() for s in plan.create] == [
+        {"profile": "2g.20gb", "start": 2},
+        {"profile": "3g.40gb", "start": 4},
+    ]
+
+
+def test_busy_instance_is_kept_in_preference_to_an_idle_one():
+    # Two 1g.20gb at 0 and 6; the new layout (4g.40gb + 1g.20gb) keeps only one: the busy one at 6.
+    state = _state([_inst(1, "1g.20gb", 0), _inst(2, "1g.20gb", 6, pids=[4242])])
+    plan = plan_gpu(state, GpuTarget(True, {"4g.40gb": 1, "1g.20gb": 1}, 0), H100, force=False)
+    assert [i.gi_id for i in plan.destroy] == [1]
+
+
+def test_busy_instance_refusal_names_gpu_instance_and_pids():
+    state = _state([_inst(5, "7g.80gb", 0, pids=[111, 222])])
+    with pytest.raises(
+        BusyInstanceError, match=r"GPU 3: instance 7g.80gb at slice 0 \(GPU instance 5\).*PIDs 111, 222"
+    ):
+        plan_gpu(state, GpuTarget(True, {"3g.40gb": 2}, 0), H100, force=False)
+    plan = plan_gpu(state, GpuTarget(True, {"3g.40gb": 2}, 0), H100, force=True)
+    assert [a["op"] for a in plan.actions()] == ["destroy", "create", "create"]
+
+
+def test_disabling_mig_destroys_everything_and_sets_the_mode():
+    state = _state([_inst(1, "3g.40gb", 0), _inst(2, "3g.40gb", 4)])
+    plan = plan_gpu(state, GpuTarget(False, {}, 0), H100, force=False)
+    assert plan.set_mode and plan.after == [] and len(plan.destroy) == 2
+
+
+def test_matching_gpu_is_not_touched():
+    state = _state([_inst(1, "3g.40gb", 0), _inst(2, "3g.40gb", 4)])
+    assert not plan_gpu(state, GpuTarget(True, {"3g.40gb": 2}, 0), H100, force=False).changed
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_transitions_destroy_the_brute_force_minimum(seed):
+    rng = random.Random(seed)
+    for _ in range(40):
+        before = bench.random_layout(rng, H100)
+        current = search_placement(before, H100) or []
+        # shuffle where the current instances are, among all valid placements of that layout
+        layouts = list(bench.all_layouts(before, H100)) if before else [frozenset()]
+        chosen = sorted(rng.choice(layouts), key=lambda item: item[1])
+        current = [_inst(i + 1, name, start) for i, (name, start) in enumerate(chosen)]
+        target = bench.random_layout(rng, H100)
+        plan = plan_gpu(_state(current), GpuTarget(True, target, 0), H100, force=False)
+        minimum = bench.minimum_destroyed([(i.profile, i.start) for i in current], target, H100)
+        assert len(plan.destroy) == minimum, (chosen, target)
+        assert _is_valid(plan.after, target, H100)
