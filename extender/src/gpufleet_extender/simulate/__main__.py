@@ -1,0 +1,3 @@
+from gpufleet_extender.simulate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""``gpufleet-extender simulate``: compare placement policies on a fleet and a trace (docs/simulator.md).
+
+The extender's main CLI registers this subcommand with ``add_arguments`` and calls ``run``; ``main`` runs it
+on its own (``python -m gpufleet_extender.simulate``).
+
+Exit codes: 0 the run completed (goal checks are printed, not enforced unless ``--check``); 1 ``--check`` and a
+goal failed; 2 bad input (fleet, trace, settings), with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpufleet_extender.config import SettingsError, load_settings
+from gpufleet_extender.scoring import Policy
+from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, Fleet, FleetError, fleet_from_inventory, fleet_from_yaml
+from gpufleet_extender.simulate.generator import SCENARIOS, generate_trace
+from gpufleet_extender.simulate.metrics import PolicySummary, goal_checks, summarise
+from gpufleet_extender.simulate.model import DeviceChoice, ModelSettings, RunResult, SimulationError, simulate
+from gpufleet_extender.simulate.policies import POLICIES, make_policy
+from gpufleet_extender.simulate.report import LEGEND, format_goals, format_table, plot_node_load, write_json
+from gpufleet_extender.simulate.trace import Trace, TraceError, load_trace, write_trace
+
+HELP = "compare count-based, random and load-aware placement on a fleet and a workload trace"
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def _policies(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown policy {unknown or text!r} (known: {', '.join(POLICIES)})")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    fleet = parser.add_mutually_exclusive_group()
+    fleet.add_argument(
+        "--inventory",
+        type=Path,
+        default=DEFAULT_INVENTORY,
+        help="Ansible inventory whose GPU hosts' mig_partition_config make the fleet (default: %(default)s)",
+    )
+    fleet.add_argument("--fleet", type=Path, help="YAML fleet file instead of an inventory")
+    workload = parser.add_mutually_exclusive_group()
+    workload.add_argument("--trace", type=Path, help="workload trace (.csv or .jsonl) instead of a generated one")
+    workload.add_argument(
+        "--scenario", choices=sorted(SCENARIOS), default="mixed", help="generated trace (default: %(default)s)"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="seed of the generated trace and random-fit (default: 1)")
+    parser.add_argument("--hours", type=_positive, default=4.0, help="length of a generated trace (default: 4)")
+    parser.add_argument("--write-trace", type=Path, help="also save the trace used (.jsonl or .csv)")
+    parser.add_argument(
+        "--policies",
+        type=_policies,
+        default=list(POLICIES),
+        help=f"comma-separated, compared in one run (default: {','.join(POLICIES)})",
+    )
+    parser.add_argument(
+        "--config", type=Path, help="extender settings file (thresholds, weights, INFLIGHT_MAX_SECONDS); env wins"
+    )
+    parser.add_argument(
+        "--scrape-interval", type=_positive, default=15.0, help="seconds between metric samples (default: 15)"
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        help="pods sharing one device (time-slicing replicas); default: the fleet's, 1 (exclusive) for inventories",
+    )
+    parser.add_argument(
+        "--device-choice",
+        type=DeviceChoice,
+        choices=list(DeviceChoice),
+        default=DeviceChoice.PLUGIN,
+        help="devices a pod gets on its node: the device plugin's rule, or the least-loaded (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--output", type=Path, default=Path("build/sim"), help="directory for results.json and the plot"
+    )
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a goal check fails")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+class _Progress:
+    """One line per policy on stderr; redrawn in place on a terminal."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.label = ""
+        self.started = 0.0
+
+    def start(self, label: str) -> None:
+        self.label, self.started = label, time.monotonic()
+        if self.enabled and self.tty:
+            sys.stderr.write(f"\rsimulating {label}: 0%")
+            sys.stderr.flush()
+
+    def update(self, fraction: float) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write(f"\rsimulating {self.label}: {fraction:4.0%}")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            end = "\r" if self.tty else ""
+            sys.stderr.write(f"{end}simulating {self.label}: done in {time.monotonic() - self.started:.1f}s\n")
+            sys.stderr.flush()
+
+
+def _load_inputs(args: argparse.Namespace) -> tuple[Fleet, Trace, Policy, ModelSettings]:
+    settings = load_settings(args.config) if args.config else load_settings()
+    fleet = fleet_from_yaml(args.fleet) if args.fleet else fleet_from_inventory(args.inventory)
+    if args.replicas is not None:
+        fleet = fleet.with_replicas(args.replicas)
+    hours = args.hours
+    trace = (
+        load_trace(args.trace)
+        if args.trace
+        else generate_trace(fleet, args.seed, hours * 3600, SCENARIOS[args.scenario])
+    )
+    model = ModelSettings(
+        scrape_interval=args.scrape_interval,
+        device_choice=args.device_choice,
+        inflight_max_seconds=settings.INFLIGHT_MAX_SECONDS,
+    )
+    return fleet, trace, Policy.from_settings(settings), model
+
+
+def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) -> dict:
+    devices: dict[str, int] = {}
+    for node in fleet.nodes:
+        for device in node.devices:
+            devices[device.resource] = devices.get(device.resource, 0) + 1
+    return {
+        "fleet": {
+            "source": fleet.source,
+            "nodes": len(fleet.nodes),
+            "tenants": {t: sum(1 for n in fleet.nodes if n.tenant == t) for t in fleet.tenants()},
+            "devices": dict(sorted(devices.items())),
+            "replicas": fleet.replicas,
+        },
+        "trace": {"source": trace.source, "pods": len(trace.pods), "last_arrival_s": trace.pods[-1].arrival},
+        "model": {
+            "scrape_interval_s": model.scrape_interval,
+            "device_choice": model.device_choice.value,
+            "inflight_max_s": model.inflight_max_seconds,
+            "drain_s": model.drain_seconds,
+        },
+        "extender": {
+            "gpu_util_threshold": policy.gpu_util_threshold,
+            "mem_util_threshold": policy.mem_util_threshold,
+            "weight_gpu_util": policy.weight_gpu_util,
+            "weight_mem_util": policy.weight_mem_util,
+        },
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        fleet, trace, policy, model = _load_inputs(args)
+        if args.write_trace:
+            write_trace(trace, args.write_trace)
+        progress = _Progress(not args.quiet)
+        results: list[RunResult] = []
+        for name in args.policies:
+            progress.start(name)
+            results.append(
+                simulate(fleet, trace, make_policy(name, args.seed), policy, model, progress=progress.update)
+            )
+            progress.done()
+    except (SettingsError, FleetError, TraceError, SimulationError, OSError) as exc:
+        print(f"gpufleet-extender simulate: {exc}", file=sys.stderr)
+        return 2
+    summaries: dict[str, PolicySummary] = {r.policy: summarise(r) for r in results}
+    checks = goal_checks(summaries)
+    description = _describe(fleet, trace, policy, model)
+    fleet_line = ", ".join(f"{t} {n} nodes" for t, n in description["fleet"]["tenants"].items())
+    print(f"Fleet: {fleet.source} ({fleet_line}; {fleet.replicas} pod(s) per device)")
+    print(f"Trace: {trace.source} ({len(trace.pods)} pods)")
+    print(f"Model: scrape every {model.scrape_interval:g}s, device choice {model.device_choice.value}\n")
+    print(format_table(list(summaries.values())))
+    print(f"\n{LEGEND}\n\nGoals (issue 6):\n{format_goals(checks)}")
+    args.output.mkdir(parents=True, exist_ok=True)
+    document = {
+        **description,
+        "policies": {name: s.to_json() for name, s in summaries.items()},
+        "goals": [c.to_json() for c in checks],
+    }
+    if not args.no_plot:
+        plot = args.output / "node_load.png"
+        try:
+            plot_node_load(plot, results, summaries)
+            document["plot"] = plot.name
+            print(f"\nPlot: {plot}")
+        except ImportError:
+            print("\nPlot skipped: matplotlib is not installed (pip install 'gpufleet-extender[sim]')", file=sys.stderr)
+    write_json(args.output / "results.json", document)
+    print(f"Results: {args.output / 'results.json'}")
+    if args.check and any(c.passed is False for c in checks):
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpufleet-extender simulate", description=HELP)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

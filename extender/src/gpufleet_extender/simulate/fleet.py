@@ -1,0 +1,247 @@
+"""The simulated fleet: nodes, their tenant pool, and the devices each exposes to the scheduler.
+
+Two sources give the same ``Fleet``:
+
+- an Ansible inventory (default ``inventories/hongkong``), read with ``ansible-inventory --list``; each GPU host's
+  ``mig_partition_config`` is expanded over its ``gpufleet_gpus_per_node`` GPUs the way the device plugin's mixed
+  strategy advertises them (whole GPUs as ``nvidia.com/gpu``, MIG instances as ``nvidia.com/mig-<profile>``);
+- a small YAML fleet file (format in docs/simulator.md).
+
+A device's memory comes from its profile name (``2g.20gb`` -> 20 GB); a whole GPU's from the product name
+(``NVIDIA H100 80GB HBM3`` -> 80 GB). ``replicas`` is how many pods may share one device (the device plugin's
+time-slicing replicas); 1 means exclusive devices, which is what the collection deploys.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
+
+DEFAULT_INVENTORY = Path("inventories/hongkong")
+DEFAULT_GPU_MEMORY_GB = 80.0  # H100 SXM 80GB, the fleet's card
+_PROFILE = re.compile(r"^(?P<compute>\d+)g\.(?P<memory>\d+)gb(\+me)?$")
+_PRODUCT_MEMORY = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
+
+
+class FleetError(ValueError):
+    """The fleet description cannot be used; the message is meant for a person."""
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One schedulable device: a whole GPU or a MIG instance. ``key`` is unique within its node."""
+
+    key: str
+    resource: str
+    memory_gb: float
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    tenant: str | None  # None: a shared node any namespace may use
+    devices: tuple[Device, ...]
+
+    def devices_of(self, resource: str) -> tuple[Device, ...]:
+        return tuple(d for d in self.devices if d.resource == resource)
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        return tuple(sorted({d.resource for d in self.devices}))
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    nodes: tuple[Node, ...]
+    namespace_tenants: Mapping[str, str] = field(default_factory=dict)  # namespace -> tenant
+    replicas: int = 1  # pods that may share one device (time-slicing); 1 = exclusive
+    source: str = ""
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def tenants(self) -> list[str]:
+        return sorted({n.tenant for n in self.nodes if n.tenant})
+
+    def capacity(self, tenant: str | None, resource: str) -> int:
+        """Pod slots of ``resource`` in ``tenant``'s pool (devices x replicas)."""
+        return self.replicas * sum(len(n.devices_of(resource)) for n in self.nodes if n.tenant == tenant)
+
+    def resources_of(self, tenant: str | None) -> list[str]:
+        return sorted({d.resource for n in self.nodes if n.tenant == tenant for d in n.devices})
+
+    def namespaces_of(self, tenant: str) -> list[str]:
+        return sorted(ns for ns, t in self.namespace_tenants.items() if t == tenant)
+
+    def with_replicas(self, replicas: int) -> Fleet:
+        if replicas < 1:
+            raise FleetError(f"replicas must be at least 1, got {replicas}")
+        return Fleet(self.nodes, self.namespace_tenants, replicas, self.source)
+
+
+def profile_memory_gb(profile: str) -> float:
+    """GB of a MIG profile from its name: ``3g.40gb`` -> 40.0, ``1g.10gb+me`` -> 10.0."""
+    match = _PROFILE.match(profile)
+    if not match:
+        raise FleetError(f"MIG profile {profile!r} is not a profile name like 1g.10gb, 3g.40gb or 1g.10gb+me")
+    return float(match["memory"])
+
+
+def product_memory_gb(product: str | None) -> float:
+    match = _PRODUCT_MEMORY.search(product or "")
+    return float(match.group(1)) if match else DEFAULT_GPU_MEMORY_GB
+
+
+def _selected(devices: Any, gpu_count: int, where: str) -> list[int]:
+    if devices == "all":
+        return list(range(gpu_count))
+    if not isinstance(devices, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in devices):
+        raise FleetError(f"{where}: devices must be 'all' or a list of GPU indexes, got {devices!r}")
+    missing = sorted(i for i in devices if not 0 <= i < gpu_count)
+    if missing:
+        raise FleetError(f"{where}: GPU index(es) {missing} do not exist (the node has {gpu_count} GPUs)")
+    return list(devices)
+
+
+def expand_layout(
+    config: Sequence[Mapping[str, Any]] | None, gpu_count: int, gpu_memory_gb: float, where: str
+) -> tuple[Device, ...]:
+    """The devices a node advertises for a ``mig_partition_config`` layout (mixed strategy).
+
+    Like the mig_layout filter: a GPU no entry selects keeps MIG off (a whole GPU); a GPU selected twice is an error.
+    """
+    layout: dict[int, Mapping[str, int] | None] = {}  # GPU index -> MIG instances per profile, None = MIG off
+    for position, entry in enumerate(config or []):
+        at = f"{where}: mig_partition_config[{position}]"
+        if not isinstance(entry, Mapping):
+            raise FleetError(f"{at} must be a mapping, got {entry!r}")
+        for index in _selected(entry.get("devices", "all"), gpu_count, at):
+            if index in layout:
+                raise FleetError(f"{at}: GPU {index} is selected by more than one entry")
+            layout[index] = dict(entry.get("mig_devices") or {}) if entry.get("mig_enabled") else None
+    devices: list[Device] = []
+    for index in range(gpu_count):
+        instances = layout.get(index)
+        if instances is None:
+            devices.append(Device(f"gpu{index}", WHOLE_GPU_RESOURCE, gpu_memory_gb))
+            continue
+        number = 0
+        for profile, count in sorted(instances.items()):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise FleetError(f"{where}: GPU {index}: count of {profile} must be a whole number, got {count!r}")
+            memory = profile_memory_gb(str(profile))
+            for _ in range(count):
+                devices.append(Device(f"gpu{index}/mig{number}", MIG_RESOURCE_PREFIX + str(profile), memory))
+                number += 1
+    return tuple(devices)
+
+
+def _gpu_count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FleetError(f"{where}: gpufleet_gpus_per_node must be a whole number, got {value!r}")
+    return value
+
+
+def fleet_from_inventory_data(data: Mapping[str, Any], source: str = "") -> Fleet:
+    """A Fleet from the JSON of ``ansible-inventory --list``: every host with a ``mig_partition_config``."""
+    hostvars: Mapping[str, Mapping[str, Any]] = (data.get("_meta") or {}).get("hostvars") or {}
+    nodes = []
+    namespace_tenants: dict[str, str] = {}
+    for host in sorted(hostvars):
+        hv = hostvars[host]
+        for tenant, spec in (hv.get("gpufleet_tenants") or {}).items():
+            for namespace in (spec or {}).get("namespaces") or []:
+                namespace_tenants[str(namespace)] = str(tenant)
+        if "mig_partition_config" not in hv:
+            continue  # not a GPU node (control plane)
+        gpu_count = _gpu_count(hv.get("gpufleet_gpus_per_node", 8), host)
+        memory = product_memory_gb(hv.get("gpufleet_gpu_product"))
+        devices = expand_layout(hv["mig_partition_config"], gpu_count, memory, host)
+        nodes.append(Node(str(hv.get("gpufleet_node_name") or host), hv.get("gpufleet_tenant"), devices))
+    if not nodes:
+        raise FleetError(f"{source or 'inventory'}: no host has a mig_partition_config (no GPU nodes to simulate)")
+    return Fleet(tuple(nodes), namespace_tenants, source=source)
+
+
+def ansible_inventory_command() -> str:
+    """ansible-inventory next to this Python (the venv), else the one on PATH."""
+    beside = Path(sys.executable).with_name("ansible-inventory")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("ansible-inventory")
+    if not found:
+        raise FleetError("ansible-inventory not found: install ansible-core, or describe the fleet with --fleet FILE")
+    return found
+
+
+def fleet_from_inventory(inventory: str | Path) -> Fleet:
+    path = Path(inventory)
+    if not path.exists():
+        raise FleetError(f"inventory {path} does not exist (run from the repository root or pass --inventory)")
+    try:
+        completed = subprocess.run(
+            [ansible_inventory_command(), "-i", str(path), "--list"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise FleetError(f"cannot run ansible-inventory on {path}: {exc}") from None
+    if completed.returncode != 0:
+        raise FleetError(f"ansible-inventory -i {path} failed:\n{completed.stderr.strip()}")
+    try:
+        data = json.loads(completed.stdout)
+    except json.JSONDecodeError as exc:
+        raise FleetError(f"ansible-inventory -i {path} did not print JSON: {exc}") from None
+    return fleet_from_inventory_data(data, source=str(path))
+
+
+def fleet_from_yaml(path: str | Path) -> Fleet:
+    """A Fleet from a YAML file: ``nodes`` (name, tenant, gpus, mig_partition_config), ``namespaces``, ``replicas``."""
+    file_path = Path(path)
+    try:
+        document = yaml.safe_load(file_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise FleetError(f"cannot read fleet file {file_path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise FleetError(f"fleet file {file_path} is not valid YAML: {exc}") from None
+    if not isinstance(document, Mapping) or not isinstance(document.get("nodes"), list) or not document["nodes"]:
+        raise FleetError(f"fleet file {file_path} needs a non-empty list 'nodes'")
+    gpu_memory = product_memory_gb(document.get("gpu_product"))
+    nodes = []
+    for position, entry in enumerate(document["nodes"]):
+        where = f"{file_path}: nodes[{position}]"
+        if not isinstance(entry, Mapping) or not entry.get("name"):
+            raise FleetError(f"{where} needs a name")
+        # count: N expands one entry into N nodes named <name>-01..N (a pool of identical nodes).
+        count = entry.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise FleetError(f"{where}: count must be a whole number >= 1, got {count!r}")
+        gpu_count = _gpu_count(entry.get("gpus", 8), where)
+        devices = expand_layout(entry.get("mig_partition_config"), gpu_count, gpu_memory, where)
+        names = [str(entry["name"])] if count == 1 else [f"{entry['name']}-{i:02d}" for i in range(1, count + 1)]
+        nodes.extend(Node(name, entry.get("tenant"), devices) for name in names)
+    if len({n.name for n in nodes}) != len(nodes):
+        raise FleetError(f"fleet file {file_path}: node names must be unique")
+    namespaces = document.get("namespaces") or {}
+    if not isinstance(namespaces, Mapping):
+        raise FleetError(f"fleet file {file_path}: namespaces must map namespace -> tenant")
+    replicas = document.get("replicas", 1)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise FleetError(f"fleet file {file_path}: replicas must be a whole number >= 1, got {replicas!r}")
+    return Fleet(tuple(nodes), {str(k): str(v) for k, v in namespaces.items()}, replicas, str(file_path))

@@ -1,0 +1,146 @@
+"""A seeded generator of realistic mixed traces, sized to the fleet it will run on.
+
+Each tenant pool gets, for each resource its nodes expose, the workload that resource is there for:
+
+- whole GPUs (``nvidia.com/gpu``, the LLM pool): tensor-parallel inference pods on 4 or 8 GPUs, 30-120 min,
+  high steady utilisation (0.70-0.92, drifting a little every 5 min), 55-72 GB per GPU;
+- 2g/3g/4g MIG instances (image generation): pods arriving in bursts of 4-12 within 20 s (a batch job or a
+  traffic spike), 5-25 min, utilisation alternating between idle (0.05-0.15) and generating (0.85-0.98),
+  memory 50-85 % of the instance;
+- 1g instances (finance NLP, previews): many short pods (1-10 min) of steady moderate load (0.25-0.65), 30-80 %
+  of the instance's memory.
+
+How many run at once follows a load curve over the trace (quiet at the start and end, busiest in the middle):
+at each moment the expected devices in use are ``curve(t) x devices`` of the resource, fewer when pods share
+devices (time-slicing) so that the expected device utilisation, not the slot count, follows the curve. The
+default curve peaks at 80 %: busy but not saturated, so placement quality matters. Arrivals are a
+non-homogeneous Poisson process (thinning), one ``random.Random`` per trace, so a seed gives the same trace.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
+from gpufleet_extender.simulate.fleet import Fleet
+from gpufleet_extender.simulate.trace import PodSpec, Schedule, Trace, make_trace
+
+
+@dataclass(frozen=True, slots=True)
+class LoadCurve:
+    """Share of a pool's devices in use over the trace: ``base`` at the ends, ``peak`` in the middle."""
+
+    base: float = 0.35
+    peak: float = 0.80
+
+    def at(self, fraction: float) -> float:
+        return self.base + (self.peak - self.base) * math.sin(math.pi * fraction) ** 2
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadClass:
+    """How one kind of pod looks; ``make`` draws one pod's (count, duration, util, mem_gb)."""
+
+    kind: str
+    mean_count: float
+    mean_duration: float  # seconds
+    mean_util: float
+    burst: tuple[int, int] | None  # pods per burst (min, max), or None for independent arrivals
+    make: Callable[[random.Random, float, int], tuple[int, float, Schedule, Schedule]]
+
+
+def _llm(rng: random.Random, memory_gb: float, max_count: int) -> tuple[int, float, Schedule, Schedule]:
+    count = 8 if max_count >= 8 and rng.random() < 0.3 else min(4, max_count)
+    duration = rng.uniform(30 * 60, 120 * 60)
+    base = rng.uniform(0.70, 0.92)
+    offsets = [float(o) for o in range(0, int(duration), 300)]
+    utils = [round(min(0.98, max(0.5, base + rng.uniform(-0.04, 0.04))), 3) for _ in offsets]
+    mem = round(rng.uniform(55, 72) * memory_gb / 80.0, 1)
+    return count, round(duration), Schedule(tuple(offsets), tuple(utils)), Schedule.constant(mem)
+
+
+def _burst(rng: random.Random, memory_gb: float, max_count: int) -> tuple[int, float, Schedule, Schedule]:
+    duration = rng.uniform(5 * 60, 25 * 60)
+    offsets, utils, at, busy = [], [], 0.0, rng.random() < 0.7  # most pods start with a request waiting
+    while at < duration:
+        offsets.append(round(at))
+        utils.append(round(rng.uniform(0.85, 0.98) if busy else rng.uniform(0.05, 0.15), 3))
+        at = round(at) + (rng.uniform(30, 120) if busy else rng.uniform(20, 90))
+        busy = not busy
+    mem = round(memory_gb * rng.uniform(0.5, 0.85), 1)
+    return 1, round(duration), Schedule(tuple(float(o) for o in offsets), tuple(utils)), Schedule.constant(mem)
+
+
+def _small(rng: random.Random, memory_gb: float, max_count: int) -> tuple[int, float, Schedule, Schedule]:
+    duration = rng.uniform(60, 600)
+    util = round(rng.uniform(0.25, 0.65), 3)
+    mem = round(memory_gb * rng.uniform(0.3, 0.8), 1)
+    return 1, round(duration), Schedule.constant(util), Schedule.constant(mem)
+
+
+LLM = WorkloadClass("llm", 4 * 0.7 + 8 * 0.3, 75 * 60, 0.81, None, _llm)
+IMAGE_BURST = WorkloadClass("image-burst", 1, 15 * 60, 0.53, (4, 12), _burst)
+SMALL = WorkloadClass("small", 1, 330, 0.45, None, _small)
+
+
+def workload_for(resource: str) -> WorkloadClass:
+    if resource == WHOLE_GPU_RESOURCE:
+        return LLM
+    compute = resource.removeprefix(MIG_RESOURCE_PREFIX).split("g.", 1)[0]
+    return SMALL if compute == "1" else IMAGE_BURST
+
+
+def _arrival_times(rng: random.Random, rate: Callable[[float], float], peak_rate: float, duration: float):
+    """Non-homogeneous Poisson arrivals in [0, duration) by thinning."""
+    if peak_rate <= 0:
+        return
+    now = 0.0
+    while True:
+        now += rng.expovariate(peak_rate)
+        if now >= duration:
+            return
+        if rng.random() * peak_rate <= rate(now):
+            yield now
+
+
+def generate_trace(fleet: Fleet, seed: int, duration: float = 4 * 3600, curve: LoadCurve = LoadCurve()) -> Trace:
+    """A mixed trace for every tenant pool of ``fleet``; the same arguments always give the same trace."""
+    rng = random.Random(f"gpufleet-sim/{seed}")
+    pods: list[PodSpec] = []
+    for tenant in fleet.tenants():
+        namespaces = fleet.namespaces_of(tenant)
+        # A tenant without namespaces in the fleet description is named directly on its pods.
+        namespace, pod_tenant = (namespaces[0], None) if namespaces else (tenant, tenant)
+        for resource in fleet.resources_of(tenant):
+            pool = [n for n in fleet.nodes if n.tenant == tenant]
+            devices = sum(len(n.devices_of(resource)) for n in pool)
+            max_count = max(len(n.devices_of(resource)) for n in pool)
+            memory_gb = next(d.memory_gb for n in pool for d in n.devices_of(resource))
+            work = workload_for(resource)
+            # Pods in flight so that devices x curve are busy: exclusive devices hold one pod each; shared ones
+            # hold as many as keep the expected utilisation on the curve, never more than the slots.
+            pods_per_device = min(float(fleet.replicas), 1.0 / work.mean_util) if fleet.replicas > 1 else 1.0
+            burst_mean = (work.burst[0] + work.burst[1]) / 2 if work.burst else 1.0
+
+            def rate(t: float, devices=devices, work=work, per=pods_per_device, burst=burst_mean) -> float:
+                in_flight = curve.at(t / duration) * devices * per
+                return in_flight / (work.mean_count * work.mean_duration * burst)
+
+            peak = max(rate(duration * i / 200) for i in range(201))
+            for arrival in _arrival_times(rng, rate, peak, duration):
+                size = rng.randint(*work.burst) if work.burst else 1
+                for _ in range(size):
+                    at = arrival + (rng.uniform(0, 20) if work.burst else 0.0)
+                    count, pod_duration, util, mem = work.make(rng, memory_gb, max_count)
+                    name = f"{tenant}-{work.kind}-{len(pods) + 1:05d}"
+                    pods.append(
+                        PodSpec(name, round(at, 1), namespace, resource, count, pod_duration, util, mem, pod_tenant)
+                    )
+    return make_trace(pods, source=f"generated: mixed, seed {seed}, {duration / 3600:g} h")
+
+
+# Named traces the CLI offers (issue 7 adds quiet-night and peak-hour curves here).
+SCENARIOS: dict[str, LoadCurve] = {"mixed": LoadCurve()}

@@ -1,0 +1,124 @@
+"""Figures of a run (the report's table) and the goal checks of issue 6.
+
+- waiting time: arrival to start, over the pods that were placed (p50, p95, nearest rank);
+- hot placements: pods placed onto a device at or above a threshold while a free device below existed in the
+  pod's pool (judged on the true load at that moment, with the extender's own threshold rule);
+- load CoV: at each sample, the coefficient of variation (population standard deviation / mean) of node load
+  within each tenant pool, averaged over the pools weighted by their node count; then averaged over the
+  samples, which sit on a regular grid, so the mean is time-weighted. Pools are compared within themselves
+  because no policy may move a pod to another tenant's nodes;
+- device load: ``scoring.device_load`` of every device at every sample (p95 and max).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from gpufleet_extender.simulate.model import RunResult
+
+GOAL_COV_RATIO = 0.5  # load's CoV at most half of count's
+
+
+def percentile(values: Sequence[float], fraction: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[rank - 1]
+
+
+def coefficient_of_variation(values: Sequence[float]) -> float:
+    mean = statistics.fmean(values) if values else 0.0
+    if mean <= 0:
+        return 0.0
+    return statistics.pstdev(values) / mean
+
+
+def pooled_cov(loads: Sequence[float], tenants: Sequence[str | None]) -> float:
+    """CoV of ``loads`` within each tenant pool, averaged weighted by pool size."""
+    pools: dict[str | None, list[float]] = {}
+    for load, tenant in zip(loads, tenants, strict=True):
+        pools.setdefault(tenant, []).append(load)
+    total = sum(len(p) for p in pools.values())
+    return sum(coefficient_of_variation(p) * len(p) for p in pools.values()) / total if total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySummary:
+    policy: str
+    pods: int
+    placed: int
+    never_placed: int
+    wait_p50_s: float | None
+    wait_p95_s: float | None
+    hot_placements: int
+    extender_waits: int
+    load_cov: float
+    mean_node_load: float
+    device_load_p95: float | None
+    device_load_max: float | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def summarise(result: RunResult) -> PolicySummary:
+    waits = [o.wait for o in result.outcomes if o.wait is not None]
+    covs = [pooled_cov(loads, result.node_tenants) for loads in result.node_load]
+    node_means = [statistics.fmean(loads) for loads in result.node_load if loads]
+    return PolicySummary(
+        policy=result.policy,
+        pods=len(result.outcomes),
+        placed=len(waits),
+        never_placed=len(result.outcomes) - len(waits),
+        wait_p50_s=percentile(waits, 0.50),
+        wait_p95_s=percentile(waits, 0.95),
+        hot_placements=sum(o.hot for o in result.outcomes),
+        extender_waits=result.extender_waits,
+        load_cov=statistics.fmean(covs) if covs else 0.0,
+        mean_node_load=statistics.fmean(node_means) if node_means else 0.0,
+        device_load_p95=percentile(result.device_load, 0.95),
+        device_load_max=max(result.device_load) if result.device_load else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GoalCheck:
+    goal: str
+    passed: bool | None  # None: not checked (a policy it needs was not run)
+    detail: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def goal_checks(summaries: dict[str, PolicySummary]) -> list[GoalCheck]:
+    """Issue 6's goals: ``load`` makes no hot placements, and its load CoV is at most half of ``count``'s."""
+    load, count = summaries.get("load"), summaries.get("count")
+    if load is None:
+        return [GoalCheck("load makes zero hot placements", None, "policy 'load' not run")]
+    checks = [
+        GoalCheck(
+            "load makes zero hot placements",
+            load.hot_placements == 0,
+            f"load: {load.hot_placements} hot placement(s) of {load.placed} placed"
+            + (f"; count: {count.hot_placements}" if count else ""),
+        )
+    ]
+    if count is None:
+        checks.append(GoalCheck(f"load CoV <= {GOAL_COV_RATIO} x count's", None, "policy 'count' not run"))
+    else:
+        limit = GOAL_COV_RATIO * count.load_cov
+        ratio = load.load_cov / count.load_cov if count.load_cov > 0 else math.inf
+        checks.append(
+            GoalCheck(
+                f"load CoV <= {GOAL_COV_RATIO} x count's",
+                load.load_cov <= limit,
+                f"load {load.load_cov:.3f} vs count {count.load_cov:.3f} (ratio {ratio:.2f}, limit {limit:.3f})",
+            )
+        )
+    return checks

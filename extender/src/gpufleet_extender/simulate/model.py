@@ -1,0 +1,287 @@
+"""The event-driven model: pods arrive, wait, get placed by a policy, run and leave; metrics are scraped.
+
+Events at the same moment run in this order: pods ending (their devices free up), the scrape, arrivals.
+
+- Scrape (every ``scrape_interval`` seconds, from 0): the extender's snapshot becomes the devices' true load
+  at that moment; it sees nothing newer until the next scrape (the lag). The fleet's load is recorded on the
+  same grid, up to the last arrival, for the statistics.
+- Arrival: the pod is placed at once if its policy picks a node, else it joins the waiting queue.
+- Waiting pods are retried, oldest first, after every pod end and every scrape (what kube-scheduler's
+  requeue on cluster events and periodic flush do); a pod shape that failed in a round is not retried
+  again in that round. Pods still waiting ``drain_seconds`` after the last arrival count as never placed.
+
+Devices on the chosen node: the scheduler picks only the node; the device plugin picks the devices, and it
+knows nothing of load. ``plugin`` (default) models NVIDIA's device plugin: the devices holding the fewest pods,
+then in device order (its distributed allocation for time-sliced replicas; for exclusive devices, the first
+free ones). ``least-loaded`` gives the least-loaded free devices instead, which is what the extender's score
+assumes (``scoring.pick_devices``); comparing the two shows what a load-aware device choice would add.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+
+from gpufleet_extender.scoring import Policy, tenant_mismatch
+from gpufleet_extender.simulate.fleet import Fleet
+from gpufleet_extender.simulate.policies import PlacementPolicy, SchedulerView
+from gpufleet_extender.simulate.state import DeviceState, NodeState, Running, SimCluster
+from gpufleet_extender.simulate.trace import PodSpec, Trace
+
+
+class DeviceChoice(StrEnum):
+    PLUGIN = "plugin"
+    LEAST_LOADED = "least-loaded"
+
+
+class SimulationError(ValueError):
+    """The fleet and trace cannot be simulated together; the message is meant for a person."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    scrape_interval: float = 15.0
+    device_choice: DeviceChoice = DeviceChoice.PLUGIN
+    inflight_max_seconds: float = 120.0  # the extender's INFLIGHT_MAX_SECONDS
+    drain_seconds: float = 3600.0
+
+
+class _Event(IntEnum):  # the order of events at the same moment
+    END = 0
+    SCRAPE = 1
+    ARRIVAL = 2
+
+
+@dataclass(slots=True)
+class PodOutcome:
+    name: str
+    tenant: str | None
+    arrival: float
+    start: float | None = None  # None: never placed
+    node: str | None = None
+    devices: tuple[str, ...] = ()
+    hot: bool = False  # placed on a device above a threshold while a cooler fitting device existed
+
+    @property
+    def wait(self) -> float | None:
+        return None if self.start is None else self.start - self.arrival
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What one policy did with the trace, plus the load recorded on the scrape grid."""
+
+    policy: str
+    node_names: list[str]
+    node_tenants: list[str | None]
+    outcomes: list[PodOutcome] = field(default_factory=list)
+    sample_times: list[float] = field(default_factory=list)
+    node_load: list[list[float]] = field(default_factory=list)  # per sample, per node (node_names order)
+    device_load: array = field(default_factory=lambda: array("d"))  # every device at every sample
+    extender_waits: int = 0  # attempts where pods fitted somewhere by count but the extender passed no node
+    probes: dict[str, list] = field(default_factory=dict)  # extra series from Probe objects, by name
+
+
+class Probe:
+    """An extra series recorded at each sample (issue 7's free whole GPUs, largest placeable request...)."""
+
+    name = "probe"
+
+    def sample(self, now: float, cluster: SimCluster) -> object:
+        raise NotImplementedError
+
+
+def choose_devices(node: NodeState, pod: PodSpec, now: float, how: DeviceChoice) -> list[DeviceState]:
+    free = node.free_devices(pod.resource)
+    if how is DeviceChoice.LEAST_LOADED:
+        free.sort(key=lambda d: (d.load(now), len(d.pods), d.position))
+    else:
+        free.sort(key=lambda d: (len(d.pods), d.position))
+    return free[: pod.count]
+
+
+def is_hot_placement(pod: PodSpec, chosen: list[DeviceState], pool: list[NodeState], now: float) -> bool:
+    """A chosen device is at/above a threshold (true load, before the pod) while a free one below existed."""
+    if not any(d.is_hot(now) for d in chosen):
+        return False
+    taken = {id(d) for d in chosen}
+    return any(id(d) not in taken and not d.is_hot(now) for node in pool for d in node.free_devices(pod.resource))
+
+
+class Simulation:
+    """One run of one policy over one trace. ``run()`` returns the RunResult."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        trace: Trace,
+        policy: PlacementPolicy,
+        extender_policy: Policy,
+        settings: ModelSettings = ModelSettings(),
+        probes: tuple[Probe, ...] = (),
+        progress: Callable[[float], None] | None = None,
+    ):
+        if not trace.pods:
+            raise SimulationError("the trace has no pods")
+        self.fleet = fleet
+        self.trace = trace
+        self.policy = policy
+        self.extender_policy = extender_policy
+        self.settings = settings
+        self.probes = probes
+        self.progress = progress
+        self.cluster = SimCluster(fleet, extender_policy)
+        self._pools: dict[tuple[str, str | None], list[NodeState]] = {}
+        self._recent: list[Running] = []  # bound since the last scrape: the in-flight pods
+        self._events: list = []
+        self._order = itertools.count()
+        self._waiting: list[tuple[PodSpec, PodOutcome]] = []
+        nodes = list(self.cluster.nodes.values())
+        self.result = RunResult(policy.name, [n.name for n in nodes], [n.tenant for n in nodes])
+        self.result.probes = {p.name: [] for p in probes}
+        self._check_every_pod_has_a_home()
+
+    # --- pools -----------------------------------------------------------------------------------------
+
+    def tenant_of(self, pod: PodSpec) -> str | None:
+        return pod.tenant or self.fleet.namespace_tenants.get(pod.namespace)
+
+    def pool(self, pod: PodSpec) -> list[NodeState]:
+        """Nodes the pod's namespace may use, by the extender's tenant rule (scoring.tenant_mismatch)."""
+        tenant = self.tenant_of(pod)
+        key = (pod.namespace, tenant)
+        nodes = self._pools.get(key)
+        if nodes is None:
+            nodes = self._pools[key] = [
+                n
+                for n in self.cluster.nodes.values()
+                if tenant_mismatch(n.name, n.tenant, pod.namespace, tenant) is None
+            ]
+        return nodes
+
+    def _check_every_pod_has_a_home(self) -> None:
+        homeless = [
+            p
+            for p in self.trace.pods
+            if not any(len(n.by_resource.get(p.resource, ())) >= p.count for n in self.pool(p))
+        ]
+        if homeless:
+            shown = "; ".join(
+                f"{p.name} ({p.count}x {p.resource}, namespace {p.namespace}, tenant {self.tenant_of(p)})"
+                for p in homeless[:3]
+            )
+            more = f" and {len(homeless) - 3} more" if len(homeless) > 3 else ""
+            raise SimulationError(
+                f"{len(homeless)} pod(s) can never run on this fleet (no node of their tenant pool has that many "
+                f"devices of that resource): {shown}{more}"
+            )
+
+    # --- events ----------------------------------------------------------------------------------------
+
+    def _push(self, when: float, kind: _Event, payload: object = None) -> None:
+        heapq.heappush(self._events, (when, kind, next(self._order), payload))
+
+    def run(self) -> RunResult:
+        pods = self.trace.pods
+        for pod in pods:
+            self._push(pod.arrival, _Event.ARRIVAL, pod)
+        last_arrival = pods[-1].arrival
+        horizon = last_arrival + self.settings.drain_seconds
+        self._push(0.0, _Event.SCRAPE)
+        arrivals_left = len(pods)
+        report_every = max(1, len(pods) // 50)
+        while self._events:
+            now, kind, _, payload = heapq.heappop(self._events)
+            if now > horizon:
+                break
+            if kind is _Event.END:
+                self.cluster.finish(payload)
+                self._retry_waiting(now)
+            elif kind is _Event.SCRAPE:
+                self.cluster.scrape(now)
+                self._recent.clear()  # the snapshot now shows every pod bound so far
+                if now <= last_arrival:
+                    self._sample(now)
+                self._retry_waiting(now)
+                if arrivals_left or self._waiting or self.cluster.running:
+                    self._push(now + self.settings.scrape_interval, _Event.SCRAPE)
+            else:
+                arrivals_left -= 1
+                outcome = PodOutcome(payload.name, self.tenant_of(payload), payload.arrival)
+                self.result.outcomes.append(outcome)
+                if not self._place(payload, outcome, now):
+                    self._waiting.append((payload, outcome))
+                if self.progress and arrivals_left % report_every == 0:
+                    self.progress(1.0 - arrivals_left / len(pods))
+        return self.result
+
+    # --- placing ---------------------------------------------------------------------------------------
+
+    def _assumed(self, now: float) -> dict[str, dict[str, int]]:
+        if not self.policy.inflight:
+            return {}
+        assumed: dict[str, dict[str, int]] = {}
+        for pod in self._recent:
+            if pod.end <= now or now - pod.start >= self.settings.inflight_max_seconds:
+                continue  # deleted pods leave the extender's accounting; old ones expire
+            per_resource = assumed.setdefault(pod.node, {})
+            per_resource[pod.spec.resource] = per_resource.get(pod.spec.resource, 0) + pod.spec.count
+        return assumed
+
+    def _place(self, pod: PodSpec, outcome: PodOutcome, now: float) -> bool:
+        pool = self.pool(pod)
+        fitting = [n for n in pool if n.fits(pod)]
+        if not fitting:
+            return False
+        view = SchedulerView(now, self.cluster.snapshot, self._assumed(now), self.extender_policy)
+        decision = self.policy.choose(pod, fitting, view)
+        if decision.node is None:
+            self.result.extender_waits += 1
+            return False
+        node = self.cluster.nodes[decision.node]
+        devices = choose_devices(node, pod, now, self.settings.device_choice)
+        outcome.hot = is_hot_placement(pod, devices, pool, now)
+        running = self.cluster.bind(pod, node, devices, now)
+        self._recent.append(running)
+        self._push(running.end, _Event.END, running)
+        outcome.start, outcome.node = now, node.name
+        outcome.devices = tuple(d.device.key for d in devices)
+        return True
+
+    def _retry_waiting(self, now: float) -> None:
+        if not self._waiting:
+            return
+        failed_shapes: set[tuple] = set()
+        still_waiting = []
+        for pod, outcome in self._waiting:
+            shape = (pod.namespace, pod.tenant, pod.resource, pod.count)
+            if shape in failed_shapes or not self._place(pod, outcome, now):
+                failed_shapes.add(shape)
+                still_waiting.append((pod, outcome))
+        self._waiting = still_waiting
+
+    # --- recording -------------------------------------------------------------------------------------
+
+    def _sample(self, now: float) -> None:
+        result = self.result
+        result.sample_times.append(now)
+        result.node_load.append([n.load(now) for n in self.cluster.nodes.values()])
+        result.device_load.extend(d.load(now) for n in self.cluster.nodes.values() for d in n.devices)
+        for probe in self.probes:
+            result.probes[probe.name].append(probe.sample(now, self.cluster))
+
+
+def simulate(
+    fleet: Fleet,
+    trace: Trace,
+    policy: PlacementPolicy,
+    extender_policy: Policy,
+    settings: ModelSettings = ModelSettings(),
+    probes: tuple[Probe, ...] = (),
+    progress: Callable[[float], None] | None = None,
+) -> RunResult:
+    return Simulation(fleet, trace, policy, extender_policy, settings, probes, progress).run()

@@ -1,0 +1,117 @@
+"""Placement policies: which node a pod goes to, among the nodes of its pool that fit it by count.
+
+Every policy gets the same candidates - the tenant's nodes with enough free devices, which is what
+kube-scheduler's own filters leave - and returns a node name, or None to leave the pod waiting.
+
+- ``count``: the best a count-only scheduler does: the node least allocated in the pod's GPU resource
+  once the pod is on it (NodeResourcesFit's LeastAllocated with the GPU resource in its scoring), ties by name.
+- ``random-fit``: any fitting node, seeded.
+- ``load`` / ``load-no-inflight``: the extender: ``scoring.evaluate_nodes`` filters and scores the candidates
+  from the last metrics sample, with in-flight accounting (pods bound since that sample count as assumed
+  load) on or off. kube-scheduler adds the extender's score x weight x 10 to its plugins' scores; with the
+  kube_scheduler role's weight 3 one extender point outweighs NodeResourcesFit's whole range, so the node is
+  the highest extender score, ties by least allocated (the ``count`` rule), then by name.
+
+kube-scheduler breaks exact ties at random; the simulator takes the first name so runs can be checked by hand.
+A new policy (issue 7's spread/pack/auto strategies) is a class with ``name``, ``inflight`` and ``choose``,
+registered in ``POLICIES``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpufleet_extender.scoring import NodeVerdict, Policy, evaluate_nodes
+from gpufleet_extender.simulate.state import NodeState
+from gpufleet_extender.simulate.trace import PodSpec
+from gpufleet_extender.snapshot import MetricsSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerView:
+    """What a policy may look at when it decides: the lagged metrics, never the true load."""
+
+    now: float
+    snapshot: MetricsSnapshot
+    assumed: Mapping[str, Mapping[str, int]]  # empty unless the policy uses in-flight accounting
+    extender_policy: Policy
+
+
+@dataclass(slots=True)
+class Decision:
+    node: str | None
+    verdicts: Mapping[str, NodeVerdict] = field(default_factory=dict)  # the extender's, for load policies
+
+
+class PlacementPolicy(Protocol):
+    name: str
+    inflight: bool  # whether the run computes assumed load for it
+
+    def choose(self, pod: PodSpec, fitting: Sequence[NodeState], view: SchedulerView) -> Decision: ...
+
+
+def least_allocated_key(pod: PodSpec) -> Callable[[NodeState], tuple[float, str]]:
+    return lambda node: (node.allocated_share_after(pod), node.name)
+
+
+class CountPolicy:
+    name = "count"
+    inflight = False
+
+    def choose(self, pod: PodSpec, fitting: Sequence[NodeState], view: SchedulerView) -> Decision:
+        if not fitting:
+            return Decision(None)
+        return Decision(min(fitting, key=least_allocated_key(pod)).name)
+
+
+class RandomFitPolicy:
+    name = "random-fit"
+    inflight = False
+
+    def __init__(self, seed: int):
+        self._rng = random.Random(f"random-fit/{seed}")
+
+    def choose(self, pod: PodSpec, fitting: Sequence[NodeState], view: SchedulerView) -> Decision:
+        if not fitting:
+            return Decision(None)
+        return Decision(self._rng.choice(sorted(fitting, key=lambda n: n.name)).name)
+
+
+class LoadPolicy:
+    """The extender's filter and prioritize, through the same functions the server calls."""
+
+    def __init__(self, inflight: bool):
+        self.inflight = inflight
+        self.name = "load" if inflight else "load-no-inflight"
+
+    def choose(self, pod: PodSpec, fitting: Sequence[NodeState], view: SchedulerView) -> Decision:
+        if not fitting:
+            return Decision(None)
+        verdicts = evaluate_nodes(
+            [n.name for n in fitting], view.snapshot, pod.request, view.extender_policy, view.now, view.assumed
+        )
+        passed = [n for n in fitting if verdicts[n.name].passed]
+        if not passed:
+            return Decision(None, verdicts)
+        by_allocation = least_allocated_key(pod)
+        best = min(passed, key=lambda n: (-verdicts[n.name].score, *by_allocation(n)))
+        return Decision(best.name, verdicts)
+
+
+# name -> factory(seed); the order is the order of the report's columns.
+POLICIES: dict[str, Callable[[int], PlacementPolicy]] = {
+    "count": lambda seed: CountPolicy(),
+    "random-fit": RandomFitPolicy,
+    "load": lambda seed: LoadPolicy(inflight=True),
+    "load-no-inflight": lambda seed: LoadPolicy(inflight=False),
+}
+
+
+def make_policy(name: str, seed: int) -> PlacementPolicy:
+    try:
+        return POLICIES[name](seed)
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None
