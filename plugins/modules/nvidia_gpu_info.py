@@ -114,8 +114,12 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.gpu_info import colle
 from ansible_collections.gpufleet.mig.plugins.module_utils.nvml import open_nvml
 
 
+def argument_spec() -> dict:
+    return nvml_backend_args()
+
+
 def main():
-    module = AnsibleModule(argument_spec=nvml_backend_args(), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     nvml = None
     try:
         nvml = open_nvml(module.params["nvml_sim_state"])

@@ -239,8 +239,8 @@ def render_diff(gpus: list) -> dict:
     }
 
 
-def main():
-    argument_spec = {
+def argument_spec() -> dict:
+    spec = {
         "config": {
             "type": "list",
             "elements": "dict",
@@ -256,9 +256,13 @@ def main():
         "force": {"type": "bool", "default": False},
         "reset": {"type": "bool", "default": True},
     }
-    argument_spec.update(nvml_backend_args())
+    spec.update(nvml_backend_args())
+    return spec
+
+
+def main():
     module = AnsibleModule(
-        argument_spec=argument_spec,
+        argument_spec=argument_spec(),
         mutually_exclusive=[("config", "mig_parted_file")],
         required_one_of=[("config", "mig_parted_file")],
         required_together=[("mig_parted_file", "mig_parted_config")],
