@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufleet-extender simulate: {exc}", file=sys.stderr)
         return 2
     summaries: dict[str, PolicySummary] = {r.policy: summarise(r) for r in results}
-    checks = goal_checks(summaries)
+    checks = goal_checks(summaries, fleet.replicas)
     description = _describe(fleet, trace, policy, model)
     fleet_line = ", ".join(f"{t} {n} nodes" for t, n in description["fleet"]["tenants"].items())
     print(f"Fleet: {fleet.source} ({fleet_line}; {fleet.replicas} pod(s) per device)")

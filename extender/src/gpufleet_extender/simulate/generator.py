@@ -106,39 +106,78 @@ def _arrival_times(rng: random.Random, rate: Callable[[float], float], peak_rate
             yield now
 
 
+@dataclass(frozen=True, slots=True)
+class _Stream:
+    """The pods of one resource in one tenant pool."""
+
+    tenant: str
+    namespace: str
+    pod_tenant: str | None  # set when the fleet lists no namespace for the tenant
+    resource: str
+    devices: int
+    max_count: int  # most devices of the resource on one node
+    memory_gb: float
+    work: WorkloadClass
+    pods_per_device: float
+
+    def rate(self, t: float, duration: float, curve: LoadCurve) -> float:
+        """Pod arrivals per second (bursts count as one) that keep ``curve`` x devices busy (Little's law)."""
+        burst = (self.work.burst[0] + self.work.burst[1]) / 2 if self.work.burst else 1.0
+        in_flight = curve.at(t / duration) * self.devices * self.pods_per_device
+        return in_flight / (self.work.mean_count * self.work.mean_duration * burst)
+
+
+def _streams(fleet: Fleet) -> list[_Stream]:
+    streams = []
+    for tenant in fleet.tenants():
+        namespaces = fleet.namespaces_of(tenant)
+        pool = [n for n in fleet.nodes if n.tenant == tenant]
+        for resource in fleet.resources_of(tenant):
+            work = workload_for(resource)
+            # Exclusive devices hold one pod each; shared ones hold as many as keep the expected utilisation on
+            # the curve, never more than their slots.
+            per_device = min(float(fleet.replicas), 1.0 / work.mean_util) if fleet.replicas > 1 else 1.0
+            streams.append(
+                _Stream(
+                    tenant=tenant,
+                    namespace=namespaces[0] if namespaces else tenant,
+                    pod_tenant=None if namespaces else tenant,
+                    resource=resource,
+                    devices=sum(len(n.devices_of(resource)) for n in pool),
+                    max_count=max(len(n.devices_of(resource)) for n in pool),
+                    memory_gb=next(d.memory_gb for n in pool for d in n.devices_of(resource)),
+                    work=work,
+                    pods_per_device=per_device,
+                )
+            )
+    return streams
+
+
 def generate_trace(fleet: Fleet, seed: int, duration: float = 4 * 3600, curve: LoadCurve = LoadCurve()) -> Trace:
     """A mixed trace for every tenant pool of ``fleet``; the same arguments always give the same trace."""
     rng = random.Random(f"gpufleet-sim/{seed}")
     pods: list[PodSpec] = []
-    for tenant in fleet.tenants():
-        namespaces = fleet.namespaces_of(tenant)
-        # A tenant without namespaces in the fleet description is named directly on its pods.
-        namespace, pod_tenant = (namespaces[0], None) if namespaces else (tenant, tenant)
-        for resource in fleet.resources_of(tenant):
-            pool = [n for n in fleet.nodes if n.tenant == tenant]
-            devices = sum(len(n.devices_of(resource)) for n in pool)
-            max_count = max(len(n.devices_of(resource)) for n in pool)
-            memory_gb = next(d.memory_gb for n in pool for d in n.devices_of(resource))
-            work = workload_for(resource)
-            # Pods in flight so that devices x curve are busy: exclusive devices hold one pod each; shared ones
-            # hold as many as keep the expected utilisation on the curve, never more than the slots.
-            pods_per_device = min(float(fleet.replicas), 1.0 / work.mean_util) if fleet.replicas > 1 else 1.0
-            burst_mean = (work.burst[0] + work.burst[1]) / 2 if work.burst else 1.0
 
-            def rate(t: float, devices=devices, work=work, per=pods_per_device, burst=burst_mean) -> float:
-                in_flight = curve.at(t / duration) * devices * per
-                return in_flight / (work.mean_count * work.mean_duration * burst)
+    def add(stream: _Stream, at: float, life: float = 1.0) -> None:
+        count, pod_duration, util, mem = stream.work.make(rng, stream.memory_gb, stream.max_count)
+        name = f"{stream.tenant}-{stream.work.kind}-{len(pods) + 1:05d}"
+        pod_duration = max(30, round(pod_duration * life))
+        pods.append(
+            PodSpec(
+                name, round(at, 1), stream.namespace, stream.resource, count, pod_duration, util, mem, stream.pod_tenant
+            )
+        )
 
-            peak = max(rate(duration * i / 200) for i in range(201))
-            for arrival in _arrival_times(rng, rate, peak, duration):
-                size = rng.randint(*work.burst) if work.burst else 1
-                for _ in range(size):
-                    at = arrival + (rng.uniform(0, 20) if work.burst else 0.0)
-                    count, pod_duration, util, mem = work.make(rng, memory_gb, max_count)
-                    name = f"{tenant}-{work.kind}-{len(pods) + 1:05d}"
-                    pods.append(
-                        PodSpec(name, round(at, 1), namespace, resource, count, pod_duration, util, mem, pod_tenant)
-                    )
+    for stream in _streams(fleet):
+        # Warm start: the pods already running when the trace begins arrive in its first minute with what is left
+        # of their life, so the fleet starts at the curve's base load instead of empty.
+        running_at_start = curve.at(0.0) * stream.devices * stream.pods_per_device / stream.work.mean_count
+        for _ in range(round(running_at_start)):
+            add(stream, rng.uniform(0, 60), life=rng.random())
+        peak = max(stream.rate(duration * i / 200, duration, curve) for i in range(201))
+        for arrival in _arrival_times(rng, lambda t, s=stream: s.rate(t, duration, curve), peak, duration):
+            for _ in range(rng.randint(*stream.work.burst) if stream.work.burst else 1):
+                add(stream, arrival + (rng.uniform(0, 20) if stream.work.burst else 0.0))
     return make_trace(pods, source=f"generated: mixed, seed {seed}, {duration / 3600:g} h")
 
 

@@ -65,6 +65,7 @@ class PodOutcome:
     node: str | None = None
     devices: tuple[str, ...] = ()
     hot: bool = False  # placed on a device above a threshold while a cooler fitting device existed
+    held: bool = False  # fitted somewhere by count, but the policy (the extender's filter) passed no node
 
     @property
     def wait(self) -> float | None:
@@ -82,7 +83,6 @@ class RunResult:
     sample_times: list[float] = field(default_factory=list)
     node_load: list[list[float]] = field(default_factory=list)  # per sample, per node (node_names order)
     device_load: array = field(default_factory=lambda: array("d"))  # every device at every sample
-    extender_waits: int = 0  # attempts where pods fitted somewhere by count but the extender passed no node
     probes: dict[str, list] = field(default_factory=dict)  # extra series from Probe objects, by name
 
 
@@ -240,7 +240,7 @@ class Simulation:
         view = SchedulerView(now, self.cluster.snapshot, self._assumed(now), self.extender_policy)
         decision = self.policy.choose(pod, fitting, view)
         if decision.node is None:
-            self.result.extender_waits += 1
+            outcome.held = True
             return False
         node = self.cluster.nodes[decision.node]
         devices = choose_devices(node, pod, now, self.settings.device_choice)

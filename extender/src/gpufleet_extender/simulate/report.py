@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ _COLUMNS = (
     ("wait p50", 9, lambda s: _seconds(s.wait_p50_s)),
     ("wait p95", 9, lambda s: _seconds(s.wait_p95_s)),
     ("hot", 5, lambda s: str(s.hot_placements)),
-    ("ext.waits", 9, lambda s: str(s.extender_waits)),
+    ("held", 6, lambda s: str(s.held)),
     ("load CoV", 9, lambda s: f"{s.load_cov:.3f}"),
     ("mean load", 9, lambda s: f"{s.mean_node_load:.3f}"),
     ("dev p95", 8, lambda s: _fraction(s.device_load_p95)),
@@ -51,11 +50,14 @@ def format_table(summaries: Sequence[PolicySummary]) -> str:
     return "\n".join(lines)
 
 
-LEGEND = (
-    "placed/never: pods started / still waiting at the end; wait: arrival to start (placed pods); hot: placements "
-    "onto a device at or above a threshold while a cooler free device existed in the pool; ext.waits: tries where "
-    "nodes fitted by count but the extender passed none; load CoV: time-weighted coefficient of variation of node "
-    "load within each tenant pool; dev p95/max: device load (w_util x util + w_mem x mem) over all samples."
+LEGEND = "\n".join(
+    (
+        "placed / never: pods started / still waiting at the end; wait: arrival to start, placed pods",
+        "hot: placements onto a device at or above a threshold while a cooler free device existed in the pool",
+        "held: pods that fitted somewhere by count but waited because the extender passed no node",
+        "load CoV: coefficient of variation of node load within each tenant pool, time-weighted",
+        "mean load: mean node load; dev p95 / max: device load (w_util x util + w_mem x mem) over all samples",
+    )
 )
 
 
@@ -103,8 +105,3 @@ def plot_node_load(path: Path, results: Sequence[RunResult], summaries: Mapping[
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
-
-
-def finite(value: float) -> float | None:
-    """JSON has no infinity; None stands in."""
-    return value if math.isfinite(value) else None
