@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .exceptions import ApplyError, NvmlError
+from .exceptions import ApplyError, NvmlError, SpecError
 from .nvml import ERROR_CODES, SUCCESS, NvmlInterface, error_name
 from .planner import Catalog, GpuPlan, GpuState, Instance, plan_gpu
+from .profile_tables import product_table
 from .spec import parse_config, targets_for_gpus
 
 Progress = Callable[[str], None]
@@ -23,8 +24,21 @@ def _quiet(_message: str) -> None:
     pass
 
 
-def read_catalog(nvml: NvmlInterface, index: int) -> Catalog:
-    return Catalog(nvml.gpu_instance_profiles(index))
+def read_catalog(nvml: NvmlInterface, index: int, required: bool = True) -> Catalog:
+    """The GPU-instance profiles NVML reports for this GPU.
+
+    Should a driver answer NOT_SUPPORTED for every profile while MIG is still disabled, the catalog of a known product
+    (the simulator's tables) stands in, so that the request can still be validated before MIG is enabled; an unknown
+    product then fails validation clearly instead of being planned against nothing.
+    """
+    profiles = nvml.gpu_instance_profiles(index)
+    if profiles or not required:
+        return Catalog(profiles)
+    name = nvml.identity(index).name
+    try:
+        return Catalog.from_table(product_table(name))
+    except KeyError:
+        raise SpecError(f"GPU {index} ({name}): NVML reports no MIG profiles; this GPU is not MIG-capable") from None
 
 
 def read_gpu(nvml: NvmlInterface, index: int, catalog: Catalog) -> GpuState:
@@ -72,7 +86,7 @@ def plan(nvml: NvmlInterface, config: list, force: bool) -> list[tuple[GpuPlan, 
     targets = targets_for_gpus(entries, [(i.index, i.pci_device_id) for i in identities])
     plans = []
     for index in sorted(targets):
-        catalog = read_catalog(nvml, index)
+        catalog = read_catalog(nvml, index, required=targets[index].mig_enabled)
         state = read_gpu(nvml, index, catalog)
         plans.append((plan_gpu(state, targets[index], catalog, force), catalog))
     return plans
