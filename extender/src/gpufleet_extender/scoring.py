@@ -67,6 +67,13 @@ class Outcome(StrEnum):
     TENANT_MISMATCH = "tenant_mismatch"
 
 
+_PASSING_OUTCOMES = frozenset({Outcome.PASS, Outcome.NO_GPU_REQUEST, Outcome.MISSING_ALLOWED})
+
+
+def outcome_passes(outcome: Outcome) -> bool:
+    return outcome in _PASSING_OUTCOMES
+
+
 @dataclass(frozen=True, slots=True)
 class NodeVerdict:
     passed: bool
@@ -89,7 +96,11 @@ def below_thresholds(device: DeviceMetrics, policy: Policy) -> bool:
 
 
 def _by_load(devices: Iterable[DeviceMetrics], policy: Policy) -> list[DeviceMetrics]:
-    return sorted(devices, key=lambda d: (device_load(d, policy), d.key))
+    # Inlined device_load: this runs for every node of every snapshot, so it is kept tight.
+    w_util, w_mem = policy.weight_gpu_util, policy.weight_mem_util
+    keyed = [(w_util * d.util + w_mem * (d.mem or 0.0), d.key, d) for d in devices]
+    keyed.sort()
+    return [entry[2] for entry in keyed]
 
 
 def pick_devices(devices: Sequence[DeviceMetrics], count: int, policy: Policy, assumed: int = 0) -> list[DeviceMetrics]:
@@ -134,15 +145,15 @@ def _evaluate_resource(
 ) -> NodeVerdict:
     ranked = _by_load(devices, policy)
     available = ranked[assumed:]
-    word = _device_word(want.resource)
-    if not any(below_thresholds(d, policy) for d in available):
+    util_max, mem_max = policy.gpu_util_threshold, policy.mem_util_threshold
+    if not any(d.util < util_max and (d.mem is None or d.mem < mem_max) for d in available):
         taken = f"; {assumed} taken by pods bound since the last sample" if assumed else ""
         best = f"best: {_figures(available[0], policy)}" if available else f"all {len(ranked)} assumed busy"
         return NodeVerdict(
             False,
             MIN_SCORE,
             Outcome.OVERLOADED,
-            f"{node}: no {want.resource} {word} below thresholds ({best}{taken})",
+            f"{node}: no {want.resource} {_device_word(want.resource)} below thresholds ({best}{taken})",
         )
     return NodeVerdict(True, score_devices(available[: want.count], want.count, policy), Outcome.PASS)
 

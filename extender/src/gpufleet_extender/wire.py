@@ -71,8 +71,9 @@ class RawNodeList(msgspec.Struct):
 
 class ExtenderArgs(msgspec.Struct):
     Pod: Pod | None
-    Nodes: RawNodeList | None = None
-    NodeNames: list[str] | None = None
+    # Kept raw: decoded below once we know which form came in; the raw names also key the answer memo.
+    Nodes: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
+    NodeNames: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
 
 
 # --- answers ---------------------------------------------------------------------------------------------
@@ -101,22 +102,42 @@ class HostPriority(msgspec.Struct):
 # --- decoding --------------------------------------------------------------------------------------------
 
 _args_decoder = msgspec.json.Decoder(ExtenderArgs)
+_names_decoder = msgspec.json.Decoder(list[str] | None)
+_node_list_decoder = msgspec.json.Decoder(RawNodeList | None)
 _node_decoder = msgspec.json.Decoder(NodeView)
 _encoder = msgspec.json.Encoder()
 
 
-@dataclass(slots=True)
 class CandidateNodes:
-    """The nodes of a request in one shape whichever form came in."""
+    """The nodes of a request in one shape whichever form came in.
 
-    names: list[str]
-    # Full form only: raw JSON of each node (same order as names) and their labels.
-    raw: list[msgspec.Raw] | None = None
-    labels: list[dict[str, str] | None] | None = None
+    For the NodeNames form the names are decoded on first use: a repeated candidate list can be answered
+    from the memo by its JSON text alone (it was validated when first seen).
+    """
+
+    __slots__ = ("_names", "labels", "names_json", "raw")
+
+    def __init__(
+        self,
+        names: list[str] | None = None,
+        names_json: bytes | None = None,
+        raw: list[msgspec.Raw] | None = None,
+        labels: list[dict[str, str] | None] | None = None,
+    ):
+        self._names = names
+        self.names_json = names_json  # NodeNames form: the JSON text of the list as received
+        self.raw = raw  # Nodes form: each node's JSON, same order as names
+        self.labels = labels  # Nodes form: each node's labels
 
     @property
     def full(self) -> bool:
         return self.raw is not None
+
+    @property
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = _decode_part(_names_decoder, self.names_json, "NodeNames") or []
+        return self._names
 
 
 @dataclass(slots=True)
@@ -137,14 +158,18 @@ def decode_args(body: bytes) -> SchedulingRequest:
         raise WireError(f"malformed JSON: {exc}", 400) from None
     if args.Pod is None:
         raise WireError("ExtenderArgs.Pod is null: the pod being scheduled is required")
-    if (args.Nodes is None) == (args.NodeNames is None):
+    has_nodes, has_names = bytes(args.Nodes) != b"null", bytes(args.NodeNames) != b"null"
+    if has_nodes == has_names:
         raise WireError(
             "ExtenderArgs must set exactly one of Nodes (nodeCacheCapable: false) and "
             "NodeNames (nodeCacheCapable: true), the other null"
         )
-    if args.NodeNames is not None:
-        return SchedulingRequest(args.Pod, CandidateNodes(args.NodeNames))
-    raw_items = args.Nodes.items or []
+    if has_names:
+        if not bytes(args.NodeNames).startswith(b"["):
+            raise WireError("ExtenderArgs.NodeNames must be a list of node names")
+        return SchedulingRequest(args.Pod, CandidateNodes(names_json=bytes(args.NodeNames)))
+    nodes = _decode_part(_node_list_decoder, args.Nodes, "Nodes")
+    raw_items = nodes.items or []
     names: list[str] = []
     labels: list[dict[str, str] | None] = []
     for index, raw in enumerate(raw_items):
@@ -156,25 +181,36 @@ def decode_args(body: bytes) -> SchedulingRequest:
             raise WireError(f"Nodes.items[{index}] has no metadata.name")
         names.append(node.metadata.name)
         labels.append(node.metadata.labels)
-    return SchedulingRequest(args.Pod, CandidateNodes(names, raw_items, labels))
+    return SchedulingRequest(args.Pod, CandidateNodes(names, raw=raw_items, labels=labels))
+
+
+def _decode_part(decoder: msgspec.json.Decoder, raw: bytes | msgspec.Raw, field: str):
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise WireError(f"ExtenderArgs.{field}: {exc}".replace("`$", f"`$.{field}")) from None
 
 
 def encode_filter_result(
     nodes: CandidateNodes,
-    passed: list[int],
+    passed: list[int] | None,
     failed: dict[str, str],
     unresolvable: dict[str, str],
 ) -> bytes:
-    """Answer a filter call in the form the request came in; ``passed`` are indexes into ``nodes``."""
+    """Answer a filter call in the form the request came in.
+
+    ``passed`` are indexes into ``nodes``, None when every node passed.
+    """
     if nodes.full:
+        items = nodes.raw if passed is None else [nodes.raw[i] for i in passed]
         result = ExtenderFilterResult(
-            Nodes=NodeListOut(items=[nodes.raw[i] for i in passed]),
+            Nodes=NodeListOut(items=items),
             FailedNodes=failed,
             FailedAndUnresolvableNodes=unresolvable,
         )
     else:
         result = ExtenderFilterResult(
-            NodeNames=[nodes.names[i] for i in passed],
+            NodeNames=nodes.names if passed is None else [nodes.names[i] for i in passed],
             FailedNodes=failed,
             FailedAndUnresolvableNodes=unresolvable,
         )

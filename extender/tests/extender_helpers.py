@@ -1,0 +1,63 @@
+"""Test helpers: dcgm-exporter text for a few nodes, pods and ExtenderArgs shaped as kube-scheduler sends them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpufleet_extender.config import Settings, load_settings
+from gpufleet_extender.exposition import DeviceLoad, render_exposition
+
+
+def gpus(*utils: float, mem_used_mib: float = 8000.0) -> list[DeviceLoad]:
+    """Whole GPUs 0..n-1 with the given utilisations (0..1)."""
+    return [DeviceLoad(i, util, mem_used_mib) for i, util in enumerate(utils)]
+
+
+def mig(gpu: int, profile: str, *utils: float, mem_used_mib: float = 1000.0, total: float = 40960.0):
+    return [
+        DeviceLoad(gpu, util, mem_used_mib, total, profile, instance) for instance, util in enumerate(utils, start=1)
+    ]
+
+
+def make_pod(resources: dict | None = None, namespace: str = "team-a", init: dict | None = None) -> dict:
+    container = {"name": "main", "image": "cuda:12", "resources": {"limits": resources} if resources else {}}
+    spec: dict = {"containers": [container], "schedulerName": "default-scheduler"}
+    if init:
+        spec["initContainers"] = [{"name": "init", "image": "busybox", "resources": {"limits": init}}]
+    return {
+        "metadata": {"name": "job-1", "namespace": namespace, "uid": "2f0c1c9e-0000-4000-8000-000000000001"},
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+def names_args(pod: dict, names: list[str]) -> dict:
+    """ExtenderArgs of an extender with nodeCacheCapable: true (Go writes the nil Nodes as null)."""
+    return {"Pod": pod, "Nodes": None, "NodeNames": names}
+
+
+def node_obj(name: str, labels: dict | None = None) -> dict:
+    return {
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}, "nodeInfo": {"kubeletVersion": "v1.31.4"}},
+    }
+
+
+def nodes_args(pod: dict, nodes: list[dict]) -> dict:
+    """ExtenderArgs of an extender with nodeCacheCapable: false."""
+    return {"Pod": pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": None}
+
+
+def write_metrics(path: Path, fleet: dict, host_label: str = "Hostname", timestamp_ms: int | None = None) -> Path:
+    path.write_text(render_exposition(fleet, host_label=host_label, timestamp_ms=timestamp_ms))
+    return path
+
+
+def file_settings(metrics_file: Path, **overrides) -> Settings:
+    return load_settings(METRICS_SOURCE="file", METRICS_FILE=str(metrics_file), KUBE_API="off", **overrides)
+
+
+def body(obj) -> bytes:
+    return json.dumps(obj).encode()

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from extender_helpers import make_pod
+from gpufleet_extender.pods import ResourceRequest, pod_gpu_request
+from gpufleet_extender.wire import Container, Pod, PodSpec, ResourceRequirements, WireError, decode_args
+
+
+def request_of(pod: dict):
+    return pod_gpu_request(decode_args(json.dumps({"Pod": pod, "NodeNames": []}).encode()).pod)
+
+
+def test_no_gpu_request():
+    assert request_of(make_pod({"cpu": "2", "memory": "1Gi"})) == ()
+
+
+def test_whole_gpus_from_limits_as_string_or_number():
+    assert request_of(make_pod({"nvidia.com/gpu": "2"})) == (ResourceRequest("nvidia.com/gpu", 2),)
+    assert request_of(make_pod({"nvidia.com/gpu": 3})) == (ResourceRequest("nvidia.com/gpu", 3),)
+
+
+def test_mig_profile():
+    assert request_of(make_pod({"nvidia.com/mig-2g.20gb": "1"})) == (ResourceRequest("nvidia.com/mig-2g.20gb", 1),)
+
+
+def test_requests_without_limits_count():
+    pod = make_pod()
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpu": "1"}}
+    assert request_of(pod) == (ResourceRequest("nvidia.com/gpu", 1),)
+
+
+def test_containers_add_up_and_init_containers_take_the_max():
+    pod = make_pod({"nvidia.com/gpu": "1"}, init={"nvidia.com/gpu": "4"})
+    pod["spec"]["containers"].append({"name": "side", "resources": {"limits": {"nvidia.com/gpu": "2"}}})
+    assert request_of(pod) == (ResourceRequest("nvidia.com/gpu", 4),)  # max(1 + 2, 4)
+    pod["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    assert request_of(pod) == (ResourceRequest("nvidia.com/gpu", 3),)
+
+
+def test_init_container_only_resource_counts():
+    pod = make_pod({"cpu": "1"}, init={"nvidia.com/mig-1g.10gb": "1"})
+    assert request_of(pod) == (ResourceRequest("nvidia.com/mig-1g.10gb", 1),)
+
+
+def test_zero_is_no_request():
+    assert request_of(make_pod({"nvidia.com/gpu": "0"})) == ()
+
+
+@pytest.mark.parametrize("quantity", ["500m", "1Gi", "-1", 1.5, True])
+def test_fractional_or_odd_quantities_are_refused(quantity):
+    container = Container(resources=ResourceRequirements(limits={"nvidia.com/gpu": quantity}))
+    with pytest.raises(WireError, match=r"whole number|negative"):
+        pod_gpu_request(Pod(spec=PodSpec(containers=[container])))
