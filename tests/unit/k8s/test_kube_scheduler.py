@@ -232,6 +232,8 @@ def test_secondary_objects_wire_config_hash_rbac_and_leader_election(tmp_path):
 
 
 def test_a_config_change_changes_the_pod_template_hash(tmp_path):
+    for run in "abc":
+        (tmp_path / run).mkdir()
     first = objects(render_roles([ROLE], tmp_path / "a"))
     second = objects(render_roles([ROLE], tmp_path / "b", extra_vars={"kube_scheduler_extender_weight": 4}))
     same = objects(render_roles([ROLE], tmp_path / "c"))
@@ -382,7 +384,8 @@ def test_gpu_nodes_without_layouts_are_named(tmp_path):
 def test_an_invalid_layout_fails_with_the_layout_filters_message(tmp_path):
     layout = [{"devices": "all", "mig_enabled": True, "mig_devices": {"3g.40gb": 3}}]  # 12 slices > 8
     output = render_failure(tmp_path, {}, inventory=write_inventory(tmp_path, {"bad": (layout, 8)}))
-    assert "3g.40gb" in output
+    assert "(item=bad-1)" in output
+    assert "invalid MIG layout" in output and "3g.40gb" in output
 
 
 # --- apply mode ------------------------------------------------------------------------------------------------------
@@ -421,6 +424,7 @@ def test_secondary_apply_mode_reaches_the_api_server(tmp_path):
         "ansible_python_interpreter": sys.executable,
         "gpufleet_k8s_mode": "apply",
         "gpufleet_kubeconfig": closed_port_kubeconfig(tmp_path),
+        "gpufleet_manifests_dir": str(tmp_path / "unused"),
         "kube_scheduler_mode": "secondary",
     }
     result = run_playbook(str(playbook), "inventories/lab", extra, tmp_path)
