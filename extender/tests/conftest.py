@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpufleet_extender.config import Settings
 
 

@@ -14,9 +14,11 @@ def gpus(*utils: float, mem_used_mib: float = 8000.0) -> list[DeviceLoad]:
     return [DeviceLoad(i, util, mem_used_mib) for i, util in enumerate(utils)]
 
 
-def mig(gpu: int, profile: str, *utils: float, mem_used_mib: float = 1000.0, total: float = 40960.0):
+def mig(gpu: int, profile: str, *utils: float, mem_used_mib=1000.0, total=40960.0, first_id=1) -> list[DeviceLoad]:
+    """MIG instances of one profile on GPU ``gpu``; GPU_I_IDs from ``first_id`` (unique per GPU, as in DCGM)."""
     return [
-        DeviceLoad(gpu, util, mem_used_mib, total, profile, instance) for instance, util in enumerate(utils, start=1)
+        DeviceLoad(gpu, util, mem_used_mib, total, profile, instance)
+        for instance, util in enumerate(utils, start=first_id)
     ]
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from extender_helpers import body, make_pod, names_args, node_obj, nodes_args
+
 from gpufleet_extender.wire import WireError, decode_args, encode_filter_result, encode_priorities
+
+from extender_helpers import body, make_pod, names_args, node_obj, nodes_args
 
 # What kube-scheduler (HTTPExtender.Filter with nodeCacheCapable: true) writes: Go field names, nil as null.
 GO_NAMES_REQUEST = (

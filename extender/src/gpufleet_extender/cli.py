@@ -1,8 +1,7 @@
 """``gpufleet-extender`` command line: ``serve`` here; other subcommands plug in through COMMAND_MODULES.
 
-A command module exposes ``add_command(subparsers)`` that adds its parser and sets ``handler`` (a function
-taking the parsed arguments and returning the exit code) with ``parser.set_defaults(handler=...)``.
-Modules that are not installed yet are skipped, so the CLI works at every stage of the project.
+A command module exposes ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> exit code``.
+Modules that are not installed are skipped, so the CLI works at every stage of the project.
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ from collections.abc import Sequence
 from gpufleet_extender import __version__
 from gpufleet_extender.config import CONFIG_FILE_ENV, SettingsError, get_settings
 
-# Extra subcommands, e.g. the placement simulator's `simulate` (issue 6).
-COMMAND_MODULES = ("gpufleet_extender.simulate.cli",)
+# Extra subcommands: name -> module.
+COMMAND_MODULES = {"simulate": "gpufleet_extender.simulate.cli"}
 
 EXIT_BAD_SETTINGS = 2
 
@@ -65,14 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
-    for module_name in COMMAND_MODULES:
+    for name, module_name in COMMAND_MODULES.items():
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name and module_name.startswith(exc.name):
                 continue  # that command is not part of this installation
             raise
-        module.add_command(subparsers)
+        command = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(handler=module.run)
     return parser
 
 

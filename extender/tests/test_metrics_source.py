@@ -1,0 +1,129 @@
+"""Metrics sources: the file re-read only on change, Prometheus answers parsed, failures kept off requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import httpx
+import pytest
+
+from gpufleet_extender.metrics_source import FileSource, MetricsSourceError, PrometheusSource, SnapshotRefresher
+
+from extender_helpers import gpus, mig, write_metrics
+
+LABELS = ("Hostname", "hostname")
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_file_source_rereads_only_when_the_file_changes(tmp_path):
+    path = write_metrics(tmp_path / "m.prom", {"n1": gpus(0.1)})
+    source = FileSource(path, LABELS)
+    first = run(source.fetch(1))
+    assert first.nodes["n1"].devices["nvidia.com/gpu"][0].util == pytest.approx(0.1)
+    assert first.nodes["n1"].sample_time == pytest.approx(os.stat(path).st_mtime)
+    assert run(source.fetch(2)) is None  # unchanged: nothing parsed
+    write_metrics(path, {"n1": gpus(0.9), "n2": gpus(0.2)})
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 1_000_000))
+    second = run(source.fetch(2))
+    assert second.version == 2 and set(second.nodes) == {"n1", "n2"}
+    assert second.nodes["n1"].devices["nvidia.com/gpu"][0].util == pytest.approx(0.9)
+
+
+def test_file_source_errors(tmp_path):
+    with pytest.raises(MetricsSourceError, match="cannot stat METRICS_FILE"):
+        run(FileSource(tmp_path / "absent.prom", LABELS).fetch(1))
+    bad = tmp_path / "bad.prom"
+    bad.write_text('DCGM_FI_DEV_GPU_UTIL{gpu="0" 5\n')
+    with pytest.raises(MetricsSourceError, match="not Prometheus text format"):
+        run(FileSource(bad, LABELS).fetch(1))
+
+
+def test_refresher_keeps_the_last_snapshot_and_counts_errors(tmp_path):
+    path = write_metrics(tmp_path / "m.prom", {"n1": gpus(0.1)})
+    errors: list[str] = []
+    clock = iter([100.0, 101.0, 102.0, 103.0, 104.0])
+    refresher = SnapshotRefresher(FileSource(path, LABELS), 5, on_error=errors.append, clock=lambda: next(clock))
+    assert run(refresher.refresh_once()) is True
+    version = refresher.snapshot.version
+    assert run(refresher.refresh_once()) is True  # unchanged file: same version, age reset
+    assert refresher.snapshot.version == version
+    path.unlink()
+    assert run(refresher.refresh_once()) is False
+    assert errors == ["file"] and "cannot stat" in refresher.last_error
+    assert set(refresher.snapshot.nodes) == {"n1"}  # previous data kept (and ageing)
+
+
+def prometheus_answers(series, times, status=200):
+    def handler(request: httpx.Request) -> httpx.Response:
+        query = request.url.params["query"]
+        result = times if query.startswith("max by") else series
+        return httpx.Response(status, json={"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    return httpx.MockTransport(handler)
+
+
+def vector(name, labels, value, ts=1000.0):
+    return {"metric": {"__name__": name, **labels}, "value": [ts, str(value)]}
+
+
+def test_prometheus_source_parses_instant_queries_and_sample_times():
+    series = [
+        vector("DCGM_FI_DEV_GPU_UTIL", {"gpu": "0", "Hostname": "n1"}, 40),
+        vector("DCGM_FI_DEV_FB_USED", {"gpu": "0", "Hostname": "n1"}, 100),
+        vector("DCGM_FI_DEV_FB_FREE", {"gpu": "0", "Hostname": "n1"}, 300),
+        vector(
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            {"gpu": "1", "GPU_I_ID": "3", "GPU_I_PROFILE": "1g.10gb", "hostname": "n2"},
+            0.25,
+        ),
+    ]
+    times = [
+        {"metric": {"Hostname": "n1"}, "value": [1000.0, "990.5"]},
+        {"metric": {"hostname": "n2"}, "value": [1000.0, "980"]},
+    ]
+    source = PrometheusSource("http://prom.invalid", LABELS, 1.0, transport=prometheus_answers(series, times))
+    snap = run(source.fetch(7))
+    gpu = snap.nodes["n1"].devices["nvidia.com/gpu"][0]
+    assert (gpu.util, gpu.mem) == (pytest.approx(0.4), pytest.approx(0.25))
+    assert snap.nodes["n1"].sample_time == 990.5 and snap.nodes["n2"].sample_time == 980.0
+    assert snap.nodes["n2"].devices["nvidia.com/mig-1g.10gb"][0].util == 0.25
+    assert snap.version == 7
+
+
+def test_prometheus_source_failures_are_metrics_source_errors():
+    def broken(request):
+        return httpx.Response(400, json={"status": "error", "error": "parse error"})
+
+    with pytest.raises(MetricsSourceError, match="parse error"):
+        run(PrometheusSource("http://p.invalid", LABELS, 1.0, transport=httpx.MockTransport(broken)).fetch(1))
+
+    def down(request):
+        raise httpx.ConnectError("connection refused")
+
+    with pytest.raises(MetricsSourceError, match="Prometheus unreachable"):
+        run(PrometheusSource("http://p.invalid", LABELS, 1.0, transport=httpx.MockTransport(down)).fetch(1))
+
+    def html(request):
+        return httpx.Response(502, text="<html>bad gateway</html>")
+
+    with pytest.raises(MetricsSourceError, match="without JSON"):
+        run(PrometheusSource("http://p.invalid", LABELS, 1.0, transport=httpx.MockTransport(html)).fetch(1))
+
+
+def test_prometheus_queries_name_the_configured_host_labels():
+    seen = []
+
+    def handler(request):
+        seen.append(request.url.params["query"])
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    run(PrometheusSource("http://p.invalid", ("node",), 1.0, transport=httpx.MockTransport(handler)).fetch(1))
+    assert any(q.startswith("max by (node) (timestamp(") for q in seen)
+    assert any("DCGM_FI_PROF_GR_ENGINE_ACTIVE" in q for q in seen)
+    assert json.dumps(seen)  # plain strings
+    _ = mig
