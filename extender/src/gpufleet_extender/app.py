@@ -20,6 +20,7 @@ from gpufleet_extender.config import MetricsSourceKind, Settings, get_settings
 from gpufleet_extender.metrics_source import FileSource, MetricsSource, PrometheusSource, SnapshotRefresher
 from gpufleet_extender.routers import health, scheduler
 from gpufleet_extender.service import Extender
+from gpufleet_extender.snapshot import MetricsSnapshot
 from gpufleet_extender.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -42,11 +43,21 @@ def create_app(
     settings = settings or get_settings()
     source = source or build_source(settings)
     telemetry = Telemetry()
+    extenders: list[Extender] = []  # the lifespan's, once it runs
+    warmed = {"version": -1}
+
+    def on_update(snapshot: MetricsSnapshot) -> None:
+        telemetry.nodes_with_metrics.set(len(snapshot.nodes))
+        if extenders and snapshot.version != warmed["version"]:
+            # Build the new snapshot's decision tables off the event loop, before requests need them.
+            warmed["version"] = snapshot.version
+            asyncio.get_running_loop().run_in_executor(None, extenders[0].warm)
+
     refresher = SnapshotRefresher(
         source,
         settings.METRICS_REFRESH_SECONDS,
         on_error=lambda name: telemetry.source_errors.labels(name).inc(),
-        on_update=lambda snap: telemetry.nodes_with_metrics.set(len(snap.nodes)),
+        on_update=on_update,
     )
 
     @contextlib.asynccontextmanager
@@ -68,6 +79,7 @@ def create_app(
         )
         telemetry.bind_live_values(extender.metrics_age, extender.ready)
         app.state.extender = extender
+        extenders.append(extender)
         await refresher.refresh_once()  # serve the first requests with data when the source answers at once
         task = asyncio.create_task(refresher.run(), name="metrics-refresher")
         try:
