@@ -4,9 +4,10 @@
 - hot placements: pods placed onto a device at or above a threshold while a free device below existed in the
   pod's pool (judged on the true load at that moment, with the extender's own threshold rule);
 - load CoV: at each sample, the coefficient of variation (population standard deviation / mean) of node load
-  within each tenant pool, averaged over the pools weighted by their node count; then averaged over the
-  samples, which sit on a regular grid, so the mean is time-weighted. Pools are compared within themselves
-  because no policy may move a pod to another tenant's nodes;
+  within each tenant pool, averaged over the pools that have any load, weighted by their node count; then
+  averaged over the samples, which sit on a regular grid, so the mean is time-weighted. Pools are compared
+  within themselves because no policy may move a pod to another tenant's nodes; an idle pool has nothing
+  to balance and does not count;
 - device load: ``scoring.device_load`` of every device at every sample (p95 and max).
 """
 
@@ -31,20 +32,22 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
     return ordered[rank - 1]
 
 
-def coefficient_of_variation(values: Sequence[float]) -> float:
+def coefficient_of_variation(values: Sequence[float]) -> float | None:
+    """Population standard deviation / mean; None when the mean is 0 (nothing to balance)."""
     mean = statistics.fmean(values) if values else 0.0
     if mean <= 0:
-        return 0.0
+        return None
     return statistics.pstdev(values) / mean
 
 
-def pooled_cov(loads: Sequence[float], tenants: Sequence[str | None]) -> float:
-    """CoV of ``loads`` within each tenant pool, averaged weighted by pool size."""
+def pooled_cov(loads: Sequence[float], tenants: Sequence[str | None]) -> float | None:
+    """CoV of ``loads`` within each tenant pool that has load, averaged weighted by pool size; None if none has."""
     pools: dict[str | None, list[float]] = {}
     for load, tenant in zip(loads, tenants, strict=True):
         pools.setdefault(tenant, []).append(load)
-    total = sum(len(p) for p in pools.values())
-    return sum(coefficient_of_variation(p) * len(p) for p in pools.values()) / total if total else 0.0
+    weighted = [(cov, len(p)) for p in pools.values() if (cov := coefficient_of_variation(p)) is not None]
+    total = sum(size for _, size in weighted)
+    return sum(cov * size for cov, size in weighted) / total if total else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +71,7 @@ class PolicySummary:
 
 def summarise(result: RunResult) -> PolicySummary:
     waits = [o.wait for o in result.outcomes if o.wait is not None]
-    covs = [pooled_cov(loads, result.node_tenants) for loads in result.node_load]
+    covs = [c for loads in result.node_load if (c := pooled_cov(loads, result.node_tenants)) is not None]
     node_means = [statistics.fmean(loads) for loads in result.node_load if loads]
     return PolicySummary(
         policy=result.policy,
@@ -112,12 +115,12 @@ def goal_checks(summaries: dict[str, PolicySummary], replicas: int) -> list[Goal
         checks.append(GoalCheck(f"load CoV <= {GOAL_COV_RATIO} x count's", None, "policy 'count' not run"))
     else:
         limit = GOAL_COV_RATIO * count.load_cov
-        ratio = load.load_cov / count.load_cov if count.load_cov > 0 else math.inf
+        ratio = f"{load.load_cov / count.load_cov:.2f}" if count.load_cov > 0 else "n/a"
         checks.append(
             GoalCheck(
                 f"load CoV <= {GOAL_COV_RATIO} x count's",
                 load.load_cov <= limit,
-                f"load {load.load_cov:.3f} vs count {count.load_cov:.3f} (ratio {ratio:.2f}, limit {limit:.3f})",
+                f"load {load.load_cov:.3f} vs count {count.load_cov:.3f} (ratio {ratio}, limit {limit:.3f})",
             )
         )
     return checks

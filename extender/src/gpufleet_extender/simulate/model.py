@@ -2,9 +2,9 @@
 
 Events at the same moment run in this order: pods ending (their devices free up), the scrape, arrivals.
 
-- Scrape (every ``scrape_interval`` seconds, from 0): the extender's snapshot becomes the devices' true load
-  at that moment; it sees nothing newer until the next scrape (the lag). The fleet's load is recorded on the
-  same grid, up to the last arrival, for the statistics.
+- Scrape (every ``scrape_interval`` seconds, from 0, until no pod is left to arrive, wait or run): the
+  extender's snapshot becomes the devices' true load at that moment; it sees nothing newer until the next
+  scrape (the lag). The fleet's load is recorded on the same grid for the statistics.
 - Arrival: the pod is placed at once if its policy picks a node, else it joins the waiting queue.
 - Waiting pods are retried, oldest first, after every pod end and every scrape (what kube-scheduler's
   requeue on cluster events and periodic flush do); a pod shape that failed in a round is not retried
@@ -204,8 +204,7 @@ class Simulation:
             elif kind is _Event.SCRAPE:
                 self.cluster.scrape(now)
                 self._recent.clear()  # the snapshot now shows every pod bound so far
-                if now <= last_arrival:
-                    self._sample(now)
+                self._sample(now)
                 self._retry_waiting(now)
                 if arrivals_left or self._waiting or self.cluster.running:
                     self._push(now + self.settings.scrape_interval, _Event.SCRAPE)

@@ -1,0 +1,128 @@
+"""The seeded generator and the simulate command end to end, on a small fleet file (fast)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from gpufleet_extender.scoring import Policy
+from gpufleet_extender.simulate import main
+from gpufleet_extender.simulate.fleet import fleet_from_yaml
+from gpufleet_extender.simulate.generator import generate_trace
+from gpufleet_extender.simulate.metrics import summarise
+from gpufleet_extender.simulate.model import simulate
+from gpufleet_extender.simulate.policies import make_policy
+
+SMALL_FLEET = """
+namespaces: {llm-inference: llm, imagegen: imagegen, finnlp: finnlp}
+nodes:
+  - {name: llm, tenant: llm, count: 2, gpus: 8}
+  - name: img
+    tenant: imagegen
+    count: 2
+    gpus: 8
+    mig_partition_config:
+      - {devices: [0, 1, 2, 3], mig_enabled: true, mig_devices: {3g.40gb: 2}}
+      - {devices: [4, 5, 6, 7], mig_enabled: true, mig_devices: {2g.20gb: 3, 1g.10gb: 1}}
+  - name: nlp
+    tenant: finnlp
+    gpus: 8
+    mig_partition_config:
+      - {devices: all, mig_enabled: true, mig_devices: {1g.10gb: 7}}
+"""
+
+
+@pytest.fixture
+def fleet_file(tmp_path):
+    path = tmp_path / "fleet.yml"
+    path.write_text(SMALL_FLEET)
+    return path
+
+
+def test_generated_trace_is_deterministic_and_mixed(fleet_file):
+    fleet = fleet_from_yaml(fleet_file)
+    trace = generate_trace(fleet, seed=7, duration=3600)
+    assert trace == generate_trace(fleet, seed=7, duration=3600)
+    assert trace.pods != generate_trace(fleet, seed=8, duration=3600).pods
+    kinds = Counter((p.namespace, p.resource) for p in trace.pods)
+    assert set(kinds) == {
+        ("llm-inference", "nvidia.com/gpu"),
+        ("imagegen", "nvidia.com/mig-3g.40gb"),
+        ("imagegen", "nvidia.com/mig-2g.20gb"),
+        ("imagegen", "nvidia.com/mig-1g.10gb"),
+        ("finnlp", "nvidia.com/mig-1g.10gb"),
+    }
+    llm = [p for p in trace.pods if p.namespace == "llm-inference"]
+    assert {p.count for p in llm} <= {4, 8} and min(p.util.at(0) for p in llm) >= 0.5
+    nlp = [p for p in trace.pods if p.namespace == "finnlp"]
+    assert kinds[("finnlp", "nvidia.com/mig-1g.10gb")] > 5 * len(llm)  # many small pods
+    assert max(p.duration for p in nlp) <= 600
+    bursts = [p for p in trace.pods if p.resource == "nvidia.com/mig-3g.40gb"]
+    assert any(len(p.util.values) > 1 for p in bursts)  # image generation alternates idle and busy
+    assert all(p.mem_gb.at(0) <= 40 for p in bursts)
+
+
+def test_same_seed_same_results(fleet_file):
+    fleet = fleet_from_yaml(fleet_file).with_replicas(2)
+    trace = generate_trace(fleet, seed=3, duration=1800)
+    runs = [summarise(simulate(fleet, trace, make_policy("random-fit", 3), Policy())) for _ in range(2)]
+    assert runs[0] == runs[1]
+    other_seed = summarise(simulate(fleet, trace, make_policy("random-fit", 4), Policy()))
+    assert other_seed.load_cov != runs[0].load_cov
+
+
+def test_command_prints_the_table_and_writes_json_and_plot(fleet_file, tmp_path, capsys):
+    out = tmp_path / "sim"
+    code = main(["--fleet", str(fleet_file), "--hours", "0.5", "--seed", "2", "--output", str(out), "--quiet"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    for policy in ("count", "random-fit", "load", "load-no-inflight"):
+        assert f"\n{policy} " in printed
+    assert "[FAIL]" in printed or "[PASS]" in printed
+    document = json.loads((out / "results.json").read_text())
+    assert list(document["policies"]) == ["count", "random-fit", "load", "load-no-inflight"]
+    assert document["fleet"]["devices"]["nvidia.com/mig-3g.40gb"] == 16
+    assert len(document["goals"]) == 2
+    assert (out / "node_load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The same seed prints the same table.
+    main(["--fleet", str(fleet_file), "--hours", "0.5", "--seed", "2", "--output", str(out), "--quiet", "--no-plot"])
+    assert capsys.readouterr().out.split("Goals")[0] == printed.split("Goals")[0]
+
+
+def test_saved_trace_replays_to_the_same_figures(fleet_file, tmp_path, capsys):
+    saved = tmp_path / "trace.csv"
+    args = ["--fleet", str(fleet_file), "--policies", "count,load", "--no-plot", "--quiet"]
+    main([*args, "--hours", "0.25", "--write-trace", str(saved), "--output", str(tmp_path / "a")])
+    main([*args, "--trace", str(saved), "--output", str(tmp_path / "b")])
+    first, second = (json.loads((tmp_path / d / "results.json").read_text())["policies"] for d in "ab")
+    assert first == second
+
+
+def test_bad_input_exits_2_with_the_reason(fleet_file, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"arrival": 0, "namespace": "finnlp", "resource": "gpu", "duration": -1}\n')
+    assert main(["--fleet", str(fleet_file), "--trace", str(bad), "--output", str(tmp_path)]) == 2
+    assert "bad.jsonl:1: duration must be a finite number >= 0" in capsys.readouterr().err
+    homeless = tmp_path / "homeless.jsonl"
+    homeless.write_text('{"arrival": 0, "namespace": "finnlp", "resource": "gpu", "duration": 5}\n')
+    assert main(["--fleet", str(fleet_file), "--trace", str(homeless), "--output", str(tmp_path)]) == 2
+    assert "can never run on this fleet" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--policies", "fastest"])
+
+
+def test_check_flag_turns_failed_goals_into_exit_1(fleet_file, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    # Exclusive devices: load spreads exactly like count, so the CoV goal (half of count's) cannot hold.
+    trace.write_text(
+        "\n".join(
+            f'{{"arrival": {i}, "namespace": "llm-inference", "resource": "gpu", "count": 4, "duration": 900,'
+            f' "util": {0.3 + 0.1 * i}}}'
+            for i in range(3)
+        )
+    )
+    args = ["--fleet", str(fleet_file), "--trace", str(trace), "--no-plot", "--quiet", "--output", str(tmp_path)]
+    assert main(args) == 0
+    assert main([*args, "--check"]) == 1
