@@ -301,10 +301,8 @@ class Extender:
         return self._snapshot().age(self._clock())
 
     def ready(self) -> bool:
-        """Ready while metrics are fresh, or whenever the policy lets nodes without metrics through."""
+        """Ready while the newest sample is fresh, or whenever the policy lets nodes without metrics through."""
         if not self.policy.deny_missing:
             return True
-        snapshot = self._snapshot()
-        if snapshot.taken_at is None:
-            return False
-        return self.policy.max_age_seconds == 0 or snapshot.age(self._clock()) <= self.policy.max_age_seconds
+        age = self.metrics_age()
+        return age != math.inf and (self.policy.max_age_seconds == 0 or age <= self.policy.max_age_seconds)

@@ -54,9 +54,12 @@ class MetricsSnapshot:
     nodes: Mapping[str, NodeMetrics] = field(default_factory=dict)
     taken_at: float | None = None  # when the source last answered; None: never
     version: int = 0
+    newest_sample: float | None = None  # the most recent sample_time of any node
 
     def age(self, now: float) -> float:
-        return math.inf if self.taken_at is None else max(0.0, now - self.taken_at)
+        """Age of the newest sample: how old the freshest thing the extender knows is (inf: nothing)."""
+        newest = self.newest_sample
+        return math.inf if newest is None else max(0.0, now - newest)
 
 
 EMPTY_SNAPSHOT = MetricsSnapshot()
@@ -152,4 +155,9 @@ def build_snapshot(
         )
         for node, by_res in per_node.items()
     }
-    return MetricsSnapshot(nodes=MappingProxyType(nodes), taken_at=taken_at, version=version)
+    return MetricsSnapshot(
+        nodes=MappingProxyType(nodes),
+        taken_at=taken_at,
+        version=version,
+        newest_sample=max((m.sample_time for m in nodes.values()), default=None),
+    )

@@ -34,7 +34,7 @@ class Telemetry:
         )
         self.metrics_age = Gauge(
             "gpufleet_extender_metrics_age_seconds",
-            "Seconds since the metrics source last answered (+Inf before the first answer).",
+            "Age of the newest GPU sample in the snapshot (+Inf while there is none).",
             registry=self.registry,
         )
         self.source_errors = Counter(

@@ -1,0 +1,284 @@
+"""The HTTP app through TestClient: verbs, limits, probes, /metrics, tenant pools, and fuzzing for 5xx."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpufleet_extender.app import create_app
+from gpufleet_extender.cluster import ClusterState
+
+from extender_helpers import file_settings, gpus, make_pod, mig, names_args, node_obj, nodes_args, write_metrics
+
+FLEET = {
+    "hk-gpu-01": gpus(0.1, 0.2, 0.95, 0.97),
+    "hk-gpu-02": gpus(0.9, 0.85, 0.99, 0.97),
+    "hk-gpu-03": [*mig(0, "2g.20gb", 0.91, 0.95, mem_used_mib=8600, total=20480), *mig(1, "3g.40gb", 0.1)],
+}
+GPU_POD = make_pod({"nvidia.com/gpu": "1"})
+
+
+@pytest.fixture
+def metrics_file(tmp_path):
+    return write_metrics(tmp_path / "dcgm.prom", FLEET)
+
+
+@pytest.fixture
+def client(metrics_file):
+    with TestClient(create_app(file_settings(metrics_file)), raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+def test_filter_names_form(client):
+    answer = client.post("/filter", json=names_args(GPU_POD, ["hk-gpu-01", "hk-gpu-02", "hk-gpu-03", "hk-gpu-99"]))
+    assert answer.status_code == 200
+    result = answer.json()
+    # hk-gpu-03 has no whole GPU in the metrics, hk-gpu-99 no metrics at all: ON_MISSING_METRICS=allow.
+    assert result["NodeNames"] == ["hk-gpu-01", "hk-gpu-03", "hk-gpu-99"]
+    assert result["Nodes"] is None
+    assert result["FailedNodes"] == {
+        "hk-gpu-02": "hk-gpu-02: no nvidia.com/gpu GPU below thresholds (best: util 0.85 > 0.80, mem 0.10)"
+    }
+
+
+def test_filter_mig_profile(client):
+    pod = make_pod({"nvidia.com/mig-2g.20gb": "1"})
+    result = client.post("/filter", json=names_args(pod, ["hk-gpu-03"])).json()
+    assert result["NodeNames"] == []
+    assert result["FailedNodes"]["hk-gpu-03"] == (
+        "hk-gpu-03: no nvidia.com/mig-2g.20gb instance below thresholds (best: util 0.91 > 0.80, mem 0.42)"
+    )
+    pod = make_pod({"nvidia.com/mig-3g.40gb": "1"})
+    assert client.post("/filter", json=names_args(pod, ["hk-gpu-03"])).json()["NodeNames"] == ["hk-gpu-03"]
+
+
+def test_filter_full_nodes_form_returns_the_node_objects(client):
+    nodes = [node_obj("hk-gpu-01"), node_obj("hk-gpu-02")]
+    result = client.post("/filter", json=nodes_args(GPU_POD, nodes)).json()
+    assert result["NodeNames"] is None
+    assert result["Nodes"]["items"] == [nodes[0]]
+    assert list(result["FailedNodes"]) == ["hk-gpu-02"]
+
+
+def test_prioritize_one_score_per_input_node_in_order(client):
+    names = ["hk-gpu-02", "hk-gpu-01", "hk-gpu-99", "hk-gpu-01"]
+    result = client.post("/prioritize", json=names_args(GPU_POD, names)).json()
+    assert [entry["Host"] for entry in result] == names
+    scores = {entry["Host"]: entry["Score"] for entry in result}
+    assert scores["hk-gpu-01"] > scores["hk-gpu-02"]
+    assert all(isinstance(entry["Score"], int) and 0 <= entry["Score"] <= 10 for entry in result)
+
+
+def test_no_gpu_pod_passes_untouched_with_neutral_scores(client):
+    pod = make_pod({"cpu": "4"})
+    names = ["hk-gpu-02", "anything"]
+    assert client.post("/filter", json=names_args(pod, names)).json()["NodeNames"] == names
+    assert {e["Score"] for e in client.post("/prioritize", json=names_args(pod, names)).json()} == {5}
+
+
+def test_decisions_follow_the_file(client, metrics_file):
+    before = client.post("/filter", json=names_args(GPU_POD, ["hk-gpu-02"])).json()
+    assert before["NodeNames"] == []
+    write_metrics(metrics_file, {**FLEET, "hk-gpu-02": gpus(0.1)})
+    stat = os.stat(metrics_file)
+    os.utime(metrics_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the refresher polls the file in the background
+        client.app.state.extender  # noqa: B018
+        after = client.post("/filter", json=names_args(GPU_POD, ["hk-gpu-02"])).json()
+        if after["NodeNames"] == ["hk-gpu-02"]:
+            break
+        time.sleep(0.1)
+    assert after["NodeNames"] == ["hk-gpu-02"]
+
+
+@pytest.mark.parametrize("verb", ["/filter", "/prioritize"])
+def test_bad_bodies_get_4xx_with_a_message(client, verb):
+    cases = [
+        (b"not json", 400, "malformed JSON"),
+        (b'{"NodeNames": ["a"]}', 422, "Pod"),
+        (b'{"Pod": {}, "NodeNames": [1]}', 422, "NodeNames[0]"),
+        (b'{"Pod": {}, "Nodes": null, "NodeNames": null}', 422, "exactly one"),
+        (json.dumps(names_args(make_pod({"nvidia.com/gpu": "1.5"}), ["a"])).encode(), 422, "whole number"),
+    ]
+    for raw, status, fragment in cases:
+        answer = client.post(verb, content=raw, headers={"content-type": "application/json"})
+        assert answer.status_code == status, raw
+        assert fragment in answer.json()["detail"]
+    assert client.get("/healthz").status_code == 200  # still serving
+
+
+def test_oversized_bodies_are_refused_before_reading(metrics_file):
+    app = create_app(file_settings(metrics_file, MAX_BODY_BYTES=2048))
+    with TestClient(app) as small:
+        big = names_args(GPU_POD, [f"node-{i:05d}" for i in range(500)])
+        answer = small.post("/filter", json=big)
+        assert answer.status_code == 413 and "MAX_BODY_BYTES (2048 bytes)" in answer.json()["detail"]
+
+        def chunks():  # no Content-Length: counted while streaming
+            for _ in range(10):
+                yield b" " * 1024
+
+        assert small.post("/filter", content=chunks()).status_code == 413
+        assert small.post("/filter", json=names_args(GPU_POD, ["hk-gpu-01"])).status_code == 200
+        metrics = small.get("/metrics").text
+        assert 'gpufleet_extender_bad_requests_total{status="413",verb="filter"} 2.0' in metrics
+
+
+def test_probes_and_metrics(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["metrics_source"] == "file"
+    client.post("/filter", json=names_args(GPU_POD, ["hk-gpu-01", "hk-gpu-02", "hk-gpu-99"]))
+    metrics = client.get("/metrics").text
+    assert 'gpufleet_extender_filter_decisions_total{outcome="pass"} 1.0' in metrics
+    assert 'gpufleet_extender_filter_decisions_total{outcome="overloaded"} 1.0' in metrics
+    assert 'gpufleet_extender_filter_decisions_total{outcome="missing_metrics_allowed"} 1.0' in metrics
+    assert 'gpufleet_extender_request_duration_seconds_count{verb="filter"} 1.0' in metrics
+    assert "gpufleet_extender_nodes_with_metrics 3.0" in metrics
+
+
+def test_readyz_503_while_metrics_are_stale_and_policy_denies(tmp_path):
+    path = write_metrics(tmp_path / "old.prom", FLEET)
+    old = time.time() - 120
+    os.utime(path, (old, old))
+    with TestClient(create_app(file_settings(path, ON_MISSING_METRICS="deny"))) as deny:
+        ready = deny.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["metrics_age_seconds"] > 100
+        result = deny.post("/filter", json=names_args(GPU_POD, ["hk-gpu-01"])).json()
+        assert result["NodeNames"] == []
+        assert "s old (max 30s) (ON_MISSING_METRICS=deny)" in result["FailedNodes"]["hk-gpu-01"]
+        assert 'outcome="missing_metrics_denied"' in deny.get("/metrics").text
+    with TestClient(create_app(file_settings(path, ON_MISSING_METRICS="allow"))) as allow:
+        assert allow.get("/readyz").status_code == 200
+
+
+def test_readyz_503_when_the_source_never_answered(tmp_path):
+    with TestClient(create_app(file_settings(tmp_path / "absent.prom", ON_MISSING_METRICS="deny"))) as deny:
+        ready = deny.get("/readyz")
+        assert ready.status_code == 503
+        assert "cannot stat METRICS_FILE" in ready.json()["metrics_source_error"]
+        assert 'gpufleet_extender_metrics_source_errors_total{source="file"}' in deny.get("/metrics").text
+
+
+def test_tenant_pools_full_form_with_namespace_labels_from_the_cluster(metrics_file):
+    cluster = ClusterState("gpufleet.io/tenant", 120)
+    cluster.replace("Namespace", [{"metadata": {"name": "team-a", "labels": {"gpufleet.io/tenant": "imagegen"}}}])
+    with TestClient(create_app(file_settings(metrics_file), cluster=cluster)) as tenants:
+        nodes = [
+            node_obj("hk-gpu-01", {"gpufleet.io/tenant": "llm"}),
+            node_obj("hk-gpu-03", {"gpufleet.io/tenant": "imagegen"}),
+        ]
+        result = tenants.post("/filter", json=nodes_args(GPU_POD, nodes)).json()
+        assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["hk-gpu-03"]
+        assert "tenant pool 'llm'" in result["FailedAndUnresolvableNodes"]["hk-gpu-01"]
+
+
+def test_without_cluster_knowledge_tenant_labels_are_not_enforced(client):
+    nodes = [node_obj("hk-gpu-01", {"gpufleet.io/tenant": "llm"})]
+    assert len(client.post("/filter", json=nodes_args(GPU_POD, nodes)).json()["Nodes"]["items"]) == 1
+
+
+def test_repeated_candidate_list_answers_stay_right_after_the_metrics_change(client, metrics_file):
+    request = names_args(GPU_POD, ["hk-gpu-01", "hk-gpu-02"])
+    first = client.post("/prioritize", json=request).json()
+    assert client.post("/prioritize", json=request).json() == first  # from the memo
+    write_metrics(metrics_file, {**FLEET, "hk-gpu-01": gpus(0.99, 0.99), "hk-gpu-02": gpus(0.0)})
+    stat = os.stat(metrics_file)
+    os.utime(metrics_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and client.post("/prioritize", json=request).json() == first:
+        time.sleep(0.1)
+    flipped = {e["Host"]: e["Score"] for e in client.post("/prioritize", json=request).json()}
+    assert flipped["hk-gpu-02"] > flipped["hk-gpu-01"]
+
+
+# --- fuzzing: nothing a client sends may produce a 5xx ---------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+quantities = st.one_of(st.integers(-3, 9), st.text(max_size=4), st.floats(allow_nan=True), st.none(), st.booleans())
+resource_names = st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-", "cpu", ""])
+pods = st.fixed_dictionaries(
+    {},
+    optional={
+        "metadata": st.fixed_dictionaries({}, optional={"name": st.text(max_size=5), "namespace": json_values}),
+        "spec": st.fixed_dictionaries(
+            {},
+            optional={
+                "containers": st.lists(
+                    st.fixed_dictionaries(
+                        {
+                            "resources": st.fixed_dictionaries(
+                                {},
+                                optional={
+                                    "limits": st.dictionaries(resource_names, quantities, max_size=2),
+                                    "requests": json_values,
+                                },
+                            )
+                        }
+                    ),
+                    max_size=3,
+                )
+                | json_values,
+                "initContainers": json_values,
+            },
+        ),
+    },
+)
+names = st.lists(st.sampled_from(["hk-gpu-01", "hk-gpu-02", "hk-gpu-03", "x", ""]) | st.text(max_size=6), max_size=6)
+extender_args = st.fixed_dictionaries(
+    {},
+    optional={
+        "Pod": pods | json_values,
+        "Nodes": st.none()
+        | st.fixed_dictionaries(
+            {
+                "items": st.lists(
+                    st.fixed_dictionaries(
+                        {
+                            "metadata": st.fixed_dictionaries(
+                                {}, optional={"name": st.text(max_size=5), "labels": json_values}
+                            )
+                        }
+                    ),
+                    max_size=3,
+                )
+                | json_values
+            }
+        )
+        | json_values,
+        "NodeNames": st.none() | names | json_values,
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def fuzz_client(tmp_path_factory):
+    path = write_metrics(tmp_path_factory.mktemp("fuzz") / "dcgm.prom", FLEET)
+    with TestClient(create_app(file_settings(path)), raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=extender_args, verb=st.sampled_from(["/filter", "/prioritize"]))
+def test_fuzz_structured_requests_never_5xx(fuzz_client, payload, verb):
+    answer = fuzz_client.post(verb, content=json.dumps(payload).encode())
+    assert answer.status_code in (200, 400, 422), (payload, answer.text)
+    if answer.status_code == 200 and verb == "/prioritize":
+        assert [entry["Host"] for entry in answer.json()] == payload["NodeNames"] or payload.get("Nodes")
+
+
+@settings(max_examples=100, deadline=None)
+@given(raw=st.binary(max_size=64), verb=st.sampled_from(["/filter", "/prioritize"]))
+def test_fuzz_raw_bytes_never_5xx(fuzz_client, raw, verb):
+    assert fuzz_client.post(verb, content=raw).status_code in (200, 400, 422)
