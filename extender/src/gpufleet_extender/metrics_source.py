@@ -107,8 +107,10 @@ class PrometheusSource:
         self._clock = clock
         selector = '{__name__=~"' + "|".join(DCGM_METRICS) + '"}'
         self._series_query = selector
+        # timestamp() drops the metric name, so one timestamp() over all four metrics would produce duplicate
+        # label sets (Prometheus refuses); one per metric, joined with `or`, does not.
         by = ", ".join(node_labels)
-        self._times_query = f"max by ({by}) (timestamp({selector}))"
+        self._times_query = " or ".join(f"max by ({by}) (timestamp({metric}))" for metric in DCGM_METRICS)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -1,0 +1,246 @@
+"""End to end on 127.0.0.1: the real uvicorn server, and a real Prometheus scraping a fake dcgm-exporter.
+
+Prometheus comes from Debian's package (/usr/bin/prometheus). Without it these tests skip, unless
+GPUFLEET_REQUIRE_PROMETHEUS=1 (CI) makes its absence a failure. Every process started here is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpufleet_extender.exposition import render_exposition
+
+from extender_helpers import gpus, make_pod, mig, names_args, write_metrics
+
+pytestmark = pytest.mark.integration
+
+PROMETHEUS = os.environ.get("GPUFLEET_PROMETHEUS_BINARY", "/usr/bin/prometheus")
+GPU_POD = make_pod({"nvidia.com/gpu": "1"})
+MIG_POD = make_pod({"nvidia.com/mig-3g.40gb": "1"})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(what: str, check, timeout: float = 20.0, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except (httpx.HTTPError, OSError) as exc:
+            last = exc
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+class FakeDcgmExporter:
+    """Serves dcgm-exporter text for a fleet that the test changes at will."""
+
+    def __init__(self, fleet: dict):
+        self.fleet = fleet
+        exporter = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                payload = render_exposition(exporter.fleet, host_label="Hostname").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def start_extender(env: dict, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = (tmp_path / f"extender-{port}.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet_extender", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+        env={**os.environ, "KUBE_API": "off", **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_for(
+        "the extender to listen", lambda: process.poll() is None and httpx.get(f"{url}/healthz").status_code == 200
+    )
+    return process, url
+
+
+def filter_names(url: str, pod: dict, names: list[str]) -> dict:
+    answer = httpx.post(f"{url}/filter", json=names_args(pod, names), timeout=5)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def scores(url: str, pod: dict, names: list[str]) -> dict[str, int]:
+    answer = httpx.post(f"{url}/prioritize", json=names_args(pod, names), timeout=5)
+    assert answer.status_code == 200, answer.text
+    return {entry["Host"]: entry["Score"] for entry in answer.json()}
+
+
+def test_serve_with_a_config_file_over_real_http(tmp_path):
+    metrics = write_metrics(tmp_path / "dcgm.prom", {"n1": gpus(0.1), "n2": gpus(0.95)})
+    config = tmp_path / "extender.yaml"
+    config.write_text(f"METRICS_SOURCE: file\nMETRICS_FILE: {metrics}\nMETRICS_REFRESH_SECONDS: 0.2\n")
+    process, url = start_extender({}, tmp_path, "--config", str(config))
+    try:
+        assert filter_names(url, GPU_POD, ["n1", "n2"])["NodeNames"] == ["n1"]
+        assert httpx.post(f"{url}/filter", content=b"{", timeout=5).status_code == 400
+        assert httpx.get(f"{url}/readyz").status_code == 200
+        assert "gpufleet_extender_request_duration_seconds_bucket" in httpx.get(f"{url}/metrics").text
+    finally:
+        stop(process)
+
+
+def test_bad_settings_stop_the_server_with_exit_code_2(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "gpufleet_extender", "serve", "--port", str(free_port())],
+        env={**os.environ, "ON_MISSING_METRICS": "sometimes"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "ON_MISSING_METRICS" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def prometheus_binary() -> str:
+    if shutil.which(PROMETHEUS) is None:
+        message = f"Prometheus binary {PROMETHEUS} not found (Debian package 'prometheus')"
+        if os.environ.get("GPUFLEET_REQUIRE_PROMETHEUS") == "1":
+            pytest.fail(message + " and GPUFLEET_REQUIRE_PROMETHEUS=1")
+        pytest.skip(message)
+    return PROMETHEUS
+
+
+@pytest.fixture
+def prometheus(prometheus_binary, tmp_path) -> Iterator[tuple[str, FakeDcgmExporter, subprocess.Popen]]:
+    fleet = {
+        "hk-gpu-01": gpus(0.05, 0.10),
+        "hk-gpu-02": gpus(0.95, 0.90),
+        "hk-gpu-17": [*mig(0, "3g.40gb", 0.92, 0.97), *mig(1, "3g.40gb", 0.20, first_id=3)],
+    }
+    with FakeDcgmExporter(fleet) as exporter:
+        port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: dcgm-exporter\n"
+            f"    static_configs:\n      - targets: ['127.0.0.1:{exporter.port}']\n"
+        )
+        log = (tmp_path / "prometheus.log").open("w")
+        process = subprocess.Popen(
+            [
+                prometheus_binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+
+            def series_present():
+                answer = httpx.get(f"{url}/api/v1/query", params={"query": "DCGM_FI_PROF_GR_ENGINE_ACTIVE"})
+                return (
+                    answer.status_code == 200 and len(answer.json()["data"]["result"]) == 3
+                )  # MIG instances of hk-gpu-17
+
+            wait_for("Prometheus to scrape the fake dcgm-exporter", series_present)
+            yield url, exporter, process
+        finally:
+            stop(process)
+
+
+def test_decisions_follow_prometheus_and_the_policy_applies_when_it_stops(prometheus, tmp_path):
+    prometheus_url, exporter, prometheus_process = prometheus
+    env = {
+        "PROMETHEUS_URL": prometheus_url,
+        "METRICS_REFRESH_SECONDS": "0.5",
+        "METRICS_MAX_AGE_SECONDS": "4",
+        "PROMETHEUS_TIMEOUT_SECONDS": "3",
+        "ON_MISSING_METRICS": "deny",
+    }
+    extender, url = start_extender(env, tmp_path)
+    try:
+        names = ["hk-gpu-01", "hk-gpu-02", "hk-gpu-17"]
+        wait_for("fresh metrics", lambda: httpx.get(f"{url}/readyz").status_code == 200)
+        first = filter_names(url, GPU_POD, names)
+        assert first["NodeNames"] == ["hk-gpu-01"]
+        assert "util 0.90 > 0.80" in first["FailedNodes"]["hk-gpu-02"]
+        assert "no nvidia.com/gpu GPU in the metrics" in first["FailedNodes"]["hk-gpu-17"]
+        assert filter_names(url, MIG_POD, names)["NodeNames"] == ["hk-gpu-17"]
+        before = scores(url, GPU_POD, ["hk-gpu-01", "hk-gpu-02"])
+        assert before["hk-gpu-01"] > before["hk-gpu-02"]
+
+        # The load moves: the exporter now reports hk-gpu-01 busy and hk-gpu-02 idle.
+        exporter.fleet = {**exporter.fleet, "hk-gpu-01": gpus(0.97, 0.99), "hk-gpu-02": gpus(0.0, 0.02)}
+        wait_for(
+            "decisions to follow the new load",
+            lambda: filter_names(url, GPU_POD, names)["NodeNames"] == ["hk-gpu-02"],
+        )
+        after = scores(url, GPU_POD, ["hk-gpu-01", "hk-gpu-02"])
+        assert after["hk-gpu-02"] > after["hk-gpu-01"]
+
+        # Prometheus goes away: samples age past METRICS_MAX_AGE_SECONDS, the deny policy applies,
+        # and answers do not wait for Prometheus (its timeout is 3 s).
+        stop(prometheus_process)
+        wait_for("readyz to report stale metrics", lambda: httpx.get(f"{url}/readyz").status_code == 503)
+        for _ in range(5):
+            started = time.monotonic()
+            result = filter_names(url, GPU_POD, names)
+            assert time.monotonic() - started < 1.0
+            assert result["NodeNames"] == []
+            assert "(ON_MISSING_METRICS=deny)" in result["FailedNodes"]["hk-gpu-02"]
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'gpufleet_extender_metrics_source_errors_total{source="prometheus"}' in metrics
+        assert 'gpufleet_extender_filter_decisions_total{outcome="missing_metrics_denied"}' in metrics
+        assert "gpufleet_extender_ready 0.0" in metrics
+    finally:
+        stop(extender)
