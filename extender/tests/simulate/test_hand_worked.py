@@ -24,6 +24,10 @@ def placements(result):
     return [(o.name, f"{o.node}/{','.join(o.devices)}", o.start, o.hot) for o in result.outcomes]
 
 
+def unseen(result):
+    return [o.name for o in result.outcomes if o.hot_unseen]
+
+
 def test_hand_worked_trace(two_shared_nodes):
     """Nodes a and b, 2 GPUs each, 2 pods per GPU; scrapes at 0, 15, 30, 45; thresholds 0.8 util / 0.9 mem;
     device load = 0.7 util (no memory used). Pods run 1000 s, so nothing ends.
@@ -58,6 +62,7 @@ def test_hand_worked_trace(two_shared_nodes):
         ("p4", "b/gpu1", 40, False),
         ("p5", "a/gpu0", 41, True),
     ]
+    assert unseen(count) == []  # the t=30 sample showed a/gpu0 at 0.9 already
     load = simulate(two_shared_nodes, TRACE, LoadPolicy(inflight=True), Policy())
     assert placements(load) == placements(count)
     least_loaded = ModelSettings(device_choice=DeviceChoice.LEAST_LOADED)

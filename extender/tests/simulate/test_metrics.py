@@ -43,7 +43,7 @@ def test_summary_of_a_run():
 
 
 def _summary(policy: str, hot: int, cov: float) -> PolicySummary:
-    return PolicySummary(policy, 10, 10, 0, 0.0, 0.0, hot, 0, cov, 0.5, 0.9, 1.0)
+    return PolicySummary(policy, 10, 10, 0, 0.0, 0.0, hot, hot, 0, cov, 0.5, 0.9, 1.0)
 
 
 def test_goal_checks_pass_fail_and_skip():
@@ -52,6 +52,7 @@ def test_goal_checks_pass_fail_and_skip():
     assert "ratio 0.50" in passing[1].detail
     failing = goal_checks({"count": _summary("count", 3, 0.4), "load": _summary("load", 1, 0.21)}, replicas=2)
     assert [c.passed for c in failing] == [False, False]
+    assert "(1 onto devices the last sample showed below the thresholds)" in failing[0].detail
     assert goal_checks({"count": _summary("count", 0, 0.4)}, replicas=1)[0].passed is None
     exclusive = goal_checks({"count": _summary("count", 0, 0.0), "load": _summary("load", 0, 0.0)}, replicas=1)
     assert "exclusive devices" in exclusive[0].detail

@@ -132,3 +132,19 @@ def test_tenant_pools_are_respected_and_impossible_pods_refused():
     assert {o.node for o in result.outcomes} == {"llm-1"}
     with pytest.raises(SimulationError, match=r"1 pod\(s\) can never run .* p9 \(1x nvidia.com/gpu, namespace x"):
         simulate(fleet, make_trace([pod("p9", 0, 0.5, namespace="x")]), CountPolicy(), EXTENDER)
+
+
+def test_a_burst_between_scrapes_makes_a_hot_placement_the_extender_could_not_see():
+    """a and b, 1 GPU each, 2 pods per GPU. "bursty" (util 0.1, then 0.95 from 20 s) lands on a at t=0;
+    "steady" (0.5) at t=1 goes to b because bursty is in flight on a's only GPU. At t=25 the t=15 sample shows
+    a at 0.1 (score 9) and b at 0.5 (score 6), so the extender sends p2 to a, which is at 0.95 by now, while
+    b (0.5) had room: a hot placement caused by the lag alone."""
+    fleet = Fleet((whole_gpu_node("a", 1), whole_gpu_node("b", 1)), {}, replicas=2)
+    bursty = pod("bursty", 0, Schedule((0.0, 20.0), (0.1, 0.95)))
+    trace = make_trace([bursty, pod("steady", 1, 0.5), pod("p2", 25, 0.1)])
+    result = simulate(fleet, trace, LoadPolicy(inflight=True), EXTENDER)
+    assert [(o.name, o.node, o.hot, o.hot_unseen) for o in result.outcomes] == [
+        ("bursty", "a", False, False),
+        ("steady", "b", False, False),
+        ("p2", "a", True, True),
+    ]

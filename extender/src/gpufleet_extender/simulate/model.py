@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
-from gpufleet_extender.scoring import Policy, tenant_mismatch
+from gpufleet_extender.scoring import Policy, below_thresholds, tenant_mismatch
 from gpufleet_extender.simulate.fleet import Fleet
 from gpufleet_extender.simulate.policies import PlacementPolicy, SchedulerView
 from gpufleet_extender.simulate.state import DeviceState, NodeState, Running, SimCluster
@@ -66,6 +66,7 @@ class PodOutcome:
     devices: tuple[str, ...] = ()
     hot: bool = False  # placed on a device above a threshold while a cooler fitting device existed
     held: bool = False  # fitted somewhere by count, but the policy (the extender's filter) passed no node
+    hot_unseen: bool = False  # a hot placement onto devices the last sample showed below the thresholds (lag)
 
     @property
     def wait(self) -> float | None:
@@ -244,12 +245,22 @@ class Simulation:
         node = self.cluster.nodes[decision.node]
         devices = choose_devices(node, pod, now, self.settings.device_choice)
         outcome.hot = is_hot_placement(pod, devices, pool, now)
+        outcome.hot_unseen = outcome.hot and self._sampled_cool(node.name, pod.resource, devices)
         running = self.cluster.bind(pod, node, devices, now)
         self._recent.append(running)
         self._push(running.end, _Event.END, running)
         outcome.start, outcome.node = now, node.name
         outcome.devices = tuple(d.device.key for d in devices)
         return True
+
+    def _sampled_cool(self, node: str, resource: str, devices: list[DeviceState]) -> bool:
+        """Whether the last sample showed every one of ``devices`` below the thresholds."""
+        metrics = self.cluster.snapshot.nodes.get(node)
+        if metrics is None:
+            return True  # nothing sampled yet: the extender could not have known
+        sampled = {d.key: d for d in metrics.devices.get(resource, ())}
+        keys = [d.device.key for d in devices]
+        return all(key in sampled and below_thresholds(sampled[key], self.extender_policy) for key in keys)
 
     def _retry_waiting(self, now: float) -> None:
         if not self._waiting:
