@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 
@@ -48,6 +49,10 @@ def create_app(
 
     def on_update(snapshot: MetricsSnapshot) -> None:
         telemetry.nodes_with_metrics.set(len(snapshot.nodes))
+        if snapshot.version != warmed["version"]:
+            # A snapshot is ~10 objects per device and lives until the next one: keep the cyclic GC from
+            # walking it again and again in the middle of requests (refcounting still frees old ones).
+            gc.freeze()
         if extenders and snapshot.version != warmed["version"]:
             # Build the new snapshot's decision tables off the event loop, before requests need them.
             warmed["version"] = snapshot.version

@@ -15,7 +15,7 @@ class Telemetry:
         self.registry = CollectorRegistry(auto_describe=True)
         self.request_seconds = Histogram(
             "gpufleet_extender_request_duration_seconds",
-            "Time spent answering kube-scheduler, per verb (body read to answer encoded).",
+            "Time spent deciding, per verb: request body in hand to answer encoded.",
             ["verb"],
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
