@@ -6,10 +6,16 @@ The KubeSchedulerConfiguration is checked here against an independent strict pyd
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Literal
 
 import pytest
@@ -19,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ROLE = "gpufleet.mig.kube_scheduler"
 KUBEADM_MANIFEST = REPO / "extensions/molecule/kube_scheduler_static_pod/files/kube-scheduler.yaml"
+FAKE_LIVEZ = REPO / "extensions/molecule/kube_scheduler_static_pod/files/fake-kube-scheduler-livez.py"
 CLUSTER_IP = "10.96.0.50"
 MIG_OFF = [{"devices": "all", "mig_enabled": False}]
 # The Hong Kong fleet: llm whole GPUs, imagegen 3g.40gb + 2g.20gb + 1g.10gb, finnlp 1g.10gb (inventories/hongkong).
@@ -391,11 +398,16 @@ def test_an_invalid_layout_fails_with_the_layout_filters_message(tmp_path):
 # --- apply mode ------------------------------------------------------------------------------------------------------
 
 
-def closed_port_kubeconfig(tmp_path: Path) -> str:
-    """A kubeconfig whose server is a 127.0.0.1 port nothing listens on."""
+def free_port() -> int:
+    """A 127.0.0.1 port nothing listens on (at the time of asking)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return probe.getsockname()[1]
+
+
+def closed_port_kubeconfig(tmp_path: Path) -> str:
+    """A kubeconfig whose server is a 127.0.0.1 port nothing listens on."""
+    port = free_port()
     kubeconfig = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -434,3 +446,127 @@ def test_secondary_apply_mode_reaches_the_api_server(tmp_path):
     assert "Connection refused" in output or "Max retries exceeded" in output
     for argument_error in ("Unsupported parameters", "missing required arguments", "is not a valid", "argument spec"):
         assert argument_error not in output
+
+
+# --- static_pod apply mode on this machine: real files, the molecule scenario's simulated /livez ---------------------
+
+
+@pytest.fixture
+def control_plane_node(tmp_path):
+    """kubeadm's manifest in a directory of its own and the simulated /livez serving it on a free 127.0.0.1 port
+    (healthy while the manifest's --config file exists and does not contain the text of `reject`)."""
+    root = tmp_path / "node"
+    (root / "manifests").mkdir(parents=True)
+    node = SimpleNamespace(
+        manifest=root / "manifests/kube-scheduler.yaml",
+        config_dir=root / "gpufleet",
+        reject=root / "reject",
+        url=f"http://127.0.0.1:{free_port()}/livez",
+    )
+    shutil.copy(KUBEADM_MANIFEST, node.manifest)
+    port = node.url.split(":")[2].split("/")[0]
+    command = [sys.executable, str(FAKE_LIVEZ), "--port", port, "--manifest", str(node.manifest)]
+    server = subprocess.Popen([*command, "--reject-file", str(node.reject)])
+    try:
+        for _ in range(50):
+            try:
+                urllib.request.urlopen(node.url, timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        yield node
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def apply_static_pod(tmp_path: Path, node, extra_vars: dict | None = None, check: bool = False):
+    """Run the role in static_pod + apply mode against `node` (one control-plane host, local connection).
+
+    check: `--check --diff` on the command line; the role tests `ansible_check_mode`, which only the CLI sets."""
+    inventory = write_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
+    playbook = tmp_path / "apply_static_pod.yml"
+    play = {"name": "static_pod", "hosts": "cp-1", "serial": 1, "gather_facts": False, "roles": [ROLE]}
+    playbook.write_text(yaml.safe_dump([play]))
+    all_vars = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpufleet_k8s_mode": "apply",
+        "kube_scheduler_mode": "static_pod",
+        "gpu_extender_cluster_ip": CLUSTER_IP,
+        "kube_scheduler_static_pod_manifest": str(node.manifest),
+        "kube_scheduler_config_dir": str(node.config_dir),
+        "kube_scheduler_livez_url": node.url,
+        "kube_scheduler_restart_grace_seconds": 1,
+        "kube_scheduler_livez_timeout_seconds": 3,
+        "kube_scheduler_livez_interval_seconds": 1,
+        **(extra_vars or {}),
+    }
+    vars_file = tmp_path / "static-pod-vars.json"
+    vars_file.write_text(json.dumps(all_vars))
+    ansible_playbook = Path(sys.executable).with_name("ansible-playbook")
+    command = [str(ansible_playbook), "-i", inventory, str(playbook), "-e", f"@{vars_file}"]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run(
+        [*command, *(["--check", "--diff"] if check else [])],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def recap_changed(output: str) -> int:
+    recap = output.rsplit("PLAY RECAP", 1)[1]
+    return int(recap.split("changed=")[1].split()[0])
+
+
+def test_static_pod_check_mode_shows_the_diff_and_changes_nothing(tmp_path, control_plane_node):
+    node = control_plane_node
+    result = apply_static_pod(tmp_path, node, check=True)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert node.manifest.read_bytes() == KUBEADM_MANIFEST.read_bytes()
+    assert not (node.config_dir / "scheduler-config.yaml").exists()
+    assert f"+    - --config={node.config_dir}/scheduler-config.yaml" in result.stdout
+    assert "+    gpufleet.io/scheduler-config-hash:" in result.stdout
+
+
+def test_static_pod_rollout_is_idempotent_and_rolls_back_a_refused_config(tmp_path, control_plane_node):
+    node = control_plane_node
+    config_file = node.config_dir / "scheduler-config.yaml"
+
+    first = apply_static_pod(tmp_path, node)
+    assert first.returncode == 0, first.stdout[-4000:]
+    patched, config = node.manifest.read_bytes(), config_file.read_bytes()
+    pod = yaml.safe_load(patched)
+    assert pod["spec"]["containers"][0]["command"][-1] == f"--config={config_file}"
+    assert yaml.safe_load(config)["extenders"][0]["managedResources"] == [
+        {"name": "nvidia.com/gpu", "ignoredByScheduler": False}
+    ]
+    backups = sorted(p.name for p in (node.config_dir / "backup").iterdir())
+    assert [name.split(".yaml.")[0] for name in backups] == ["kube-scheduler"]  # no config existed before
+    assert (node.config_dir / "backup" / backups[0]).read_bytes() == KUBEADM_MANIFEST.read_bytes()
+
+    second = apply_static_pod(tmp_path, node)
+    assert second.returncode == 0, second.stdout[-4000:]
+    assert recap_changed(second.stdout) == 0
+    assert node.manifest.read_bytes() == patched
+
+    node.reject.write_text("weight: 7")
+    refused = apply_static_pod(tmp_path, node, {"kube_scheduler_extender_weight": 7})
+    assert refused.returncode != 0
+    assert f"kube-scheduler on cp-1 did not become healthy at {node.url}" in refused.stdout
+    assert "the restored scheduler is healthy" in refused.stdout
+    assert node.manifest.read_bytes() == patched
+    assert config_file.read_bytes() == config
+
+
+def test_static_pod_leaves_an_unhealthy_scheduler_alone(tmp_path, control_plane_node):
+    node = control_plane_node
+    node.url = f"http://127.0.0.1:{free_port()}/livez"  # nothing answers there
+    result = apply_static_pod(tmp_path, node)
+    assert result.returncode != 0
+    assert "Check kube-scheduler is healthy before changing anything" in result.stdout.split("fatal:")[0]
+    assert node.manifest.read_bytes() == KUBEADM_MANIFEST.read_bytes()
+    assert not node.config_dir.exists()
