@@ -38,11 +38,11 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fleet import args_body, metrics_text, node, node_name, pod  # noqa: E402
+from gpufleet_extender.config import load_settings
+from gpufleet_extender.metrics_source import FileSource
+from gpufleet_extender.service import Extender
 
-from gpufleet_extender.config import load_settings  # noqa: E402
-from gpufleet_extender.metrics_source import FileSource  # noqa: E402
-from gpufleet_extender.service import Extender  # noqa: E402
+from fleet import args_body, metrics_text, node, node_name, pod
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -92,8 +92,10 @@ def floor_of(extender_call: Callable[[bytes], bytes], bodies: list[bytes]) -> Ca
 
 def in_process(extender: Extender, sizes: list[int], quick: bool) -> None:
     print("\n== in process (decode + decide + encode; no HTTP) ==")
-    print(f"{'nodes':>6} {'form':5} {'verb':10} {'list':9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} "
-          f"{'floor p50':>9} {'ratio':>6}")
+    print(
+        f"{'nodes':>6} {'form':5} {'verb':10} {'list':9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} "
+        f"{'floor p50':>9} {'ratio':>6}"
+    )
     for nodes in sizes:
         for full in (False, True):
             bodies = Bodies(nodes, full)
@@ -106,8 +108,10 @@ def in_process(extender: Extender, sizes: list[int], quick: bool) -> None:
                     floor = time_calls(floor_of(call, group), group, count)
                     p50, p99 = percentiles(timings)
                     f50, _ = percentiles(floor)
-                    print(f"{nodes:6d} {'full' if full else 'names':5} {verb:10} {label:9} {ms(p50)} {ms(p99)} "
-                          f"{1 / statistics.mean(timings):8.0f} {ms(f50):>9} {p50 / f50:6.2f}")
+                    print(
+                        f"{nodes:6d} {'full' if full else 'names':5} {verb:10} {label:9} {ms(p50)} {ms(p99)} "
+                        f"{1 / statistics.mean(timings):8.0f} {ms(f50):>9} {p50 / f50:6.2f}"
+                    )
         # Cold: a new snapshot version, so the next request builds the decision table.
         body = Bodies(nodes, False).repeated[0]
         cold = []
@@ -116,8 +120,10 @@ def in_process(extender: Extender, sizes: list[int], quick: bool) -> None:
             started = time.perf_counter()
             extender.filter(body)
             cold.append(time.perf_counter() - started)
-        print(f"{nodes:6d} names filter     cold      {ms(statistics.median(cold))}  (table built for the whole "
-              f"snapshot; the server builds it in the background after each refresh)")
+        print(
+            f"{nodes:6d} names filter     cold      {ms(statistics.median(cold))}  (table built for the whole "
+            f"snapshot; the server builds it in the background after each refresh)"
+        )
 
 
 def free_port() -> int:
@@ -142,8 +148,9 @@ async def drive(url: str, path: str, bodies: list[bytes], count: int, concurrenc
         async def worker() -> None:
             for i in next_index:
                 started = time.perf_counter()
-                answer = await client.post(path, content=bodies[i % len(bodies)],
-                                           headers={"content-type": "application/json"})
+                answer = await client.post(
+                    path, content=bodies[i % len(bodies)], headers={"content-type": "application/json"}
+                )
                 timings.append(time.perf_counter() - started)
                 if answer.status_code != 200:
                     raise RuntimeError(f"{path}: HTTP {answer.status_code}: {answer.text[:200]}")
@@ -180,8 +187,10 @@ def over_http(metrics_file: Path, sizes: list[int], quick: bool) -> None:
         else:
             raise RuntimeError("the extender did not load the metrics file in time")
         print("\n== over HTTP (real uvicorn server, httpx client on the same machine) ==")
-        print(f"{'nodes':>6} {'form':5} {'verb':10} {'list':9} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} "
-              f"{'req/s':>8} {'server ms':>9}")
+        print(
+            f"{'nodes':>6} {'form':5} {'verb':10} {'list':9} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} "
+            f"{'req/s':>8} {'server ms':>9}"
+        )
         for nodes in sizes:
             for full in (False, True):
                 bodies = Bodies(nodes, full)
@@ -197,9 +206,11 @@ def over_http(metrics_file: Path, sizes: list[int], quick: bool) -> None:
                             after = server_histogram(url, verb)
                             p50, p99 = percentiles(timings)
                             server_mean = (after[0] - before[0]) / max(1.0, after[1] - before[1])
-                            print(f"{nodes:6d} {'full' if full else 'names':5} {verb:10} {label:9} "
-                                  f"{concurrency:7d} {ms(p50)} {ms(p99)} {len(timings) / elapsed:8.0f} "
-                                  f"{ms(server_mean):>9}")
+                            print(
+                                f"{nodes:6d} {'full' if full else 'names':5} {verb:10} {label:9} "
+                                f"{concurrency:7d} {ms(p50)} {ms(p99)} {len(timings) / elapsed:8.0f} "
+                                f"{ms(server_mean):>9}"
+                            )
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -217,14 +228,19 @@ def main() -> int:
         started = time.perf_counter()
         metrics_file.write_text(metrics_text(max(sizes)))
         settings = load_settings(
-            METRICS_SOURCE="file", METRICS_FILE=str(metrics_file), METRICS_MAX_AGE_SECONDS=0,
-            MAX_BODY_BYTES=256 * 1024 * 1024, KUBE_API="off",
+            METRICS_SOURCE="file",
+            METRICS_FILE=str(metrics_file),
+            METRICS_MAX_AGE_SECONDS=0,
+            MAX_BODY_BYTES=256 * 1024 * 1024,
+            KUBE_API="off",
         )
         snapshot = asyncio.run(FileSource(metrics_file, settings.NODE_NAME_LABELS).fetch(1))
-        print(f"fleet: {max(sizes)} nodes x 8 H100 (1 in 4 split 3g.40gb + 2x 2g.20gb), "
-              f"{metrics_file.stat().st_size / 1e6:.1f} MB of dcgm-exporter text, "
-              f"parsed in {time.perf_counter() - started:.1f} s; python {sys.version.split()[0]}, "
-              f"{os.cpu_count()} CPUs")
+        print(
+            f"fleet: {max(sizes)} nodes x 8 H100 (1 in 4 split 3g.40gb + 2x 2g.20gb), "
+            f"{metrics_file.stat().st_size / 1e6:.1f} MB of dcgm-exporter text, "
+            f"parsed in {time.perf_counter() - started:.1f} s; python {sys.version.split()[0]}, "
+            f"{os.cpu_count()} CPUs"
+        )
         extender = Extender(settings, snapshot_provider=lambda: snapshot)
         in_process(extender, sizes, args.quick)
         if not args.skip_http:
