@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab test lint sanity pytest molecule molecule-images system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test lint sanity pytest molecule molecule-images system-deps build clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
@@ -36,11 +36,15 @@ collection-link:
 	@ln -sfn ../../../.. $(COLLECTION_LINK)
 
 # --- the lab -----------------------------------------------------------------------------------------------
+# The lab keeps its state (simulated GPUs, host files) between runs like a real fleet: a second run changes
+# nothing. `make lab-reset` starts it over from GPUs fresh out of the box.
 lab: venv collection-link
-	rm -rf $(LAB_DIR)
 	mkdir -p $(LAB_DIR)
 	# The lab's GPUs are files: roll each pool in one batch (production rolls 25% of a pool at a time).
 	ansible-playbook -i inventories/lab playbooks/site.yml -e mig_partition_serial=100%
+
+lab-reset:
+	rm -rf $(LAB_DIR)
 
 # --- the suite ---------------------------------------------------------------------------------------------
 test: venv collection-link lint build pytest sanity molecule
