@@ -144,17 +144,21 @@ def test_tenant_pools_in_names_form_from_the_watch():
     state.replace("Namespace", [{"metadata": {"name": "img", "labels": {"gpufleet.io/tenant": "imagegen"}}}])
     state.replace(
         "Node",
-        [{"metadata": {"name": "idle", "labels": {"gpufleet.io/tenant": "llm"}}}, {"metadata": {"name": "busy"}}],
+        [
+            {"metadata": {"name": "idle", "labels": {"gpufleet.io/tenant": "llm"}}},
+            {"metadata": {"name": "busy"}},
+            {"metadata": {"name": "no-metrics", "labels": {"gpufleet.io/tenant": "llm"}}},
+        ],
     )
     snap = snapshot(T0)
     extender = Extender(
         load_settings(KUBE_API="off"), cluster=state, snapshot_provider=lambda: snap, clock=lambda: T0 + 1
     )
-    answer = json.loads(
-        extender.filter(body(names_args(make_pod({"nvidia.com/gpu": "1"}, namespace="img"), ["idle", "busy"])))
-    )
-    assert answer["NodeNames"] == ["busy"]
+    gpu_pod = make_pod({"nvidia.com/gpu": "1"}, namespace="img")
+    answer = json.loads(extender.filter(body(names_args(gpu_pod, ["idle", "busy", "no-metrics", "unknown"]))))
+    assert answer["NodeNames"] == ["busy", "unknown"]  # "unknown": no label, no metrics, policy allow
     assert "tenant pool 'llm'" in answer["FailedAndUnresolvableNodes"]["idle"]
+    assert "tenant pool 'llm'" in answer["FailedAndUnresolvableNodes"]["no-metrics"]
     # Pods without GPUs are not the extender's business.
     answer = json.loads(extender.filter(body(names_args(make_pod({"cpu": "1"}, namespace="img"), ["idle", "busy"]))))
     assert answer["NodeNames"] == ["idle", "busy"]

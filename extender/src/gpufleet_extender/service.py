@@ -176,7 +176,11 @@ class Extender:
                     return NodeVerdict(False, 0, Outcome.TENANT_MISMATCH, reason)
             return evaluate_node(name, nodes.get(name), request, policy, now, assumed.get(name))
 
-        table = DecisionTable({name: verdict_of(name) for name in nodes}, verdict_of)
+        names = list(nodes)
+        if namespace_tenant is not _NO_TENANT:
+            # A pool node without metrics must still be refused to other tenants.
+            names += [name for name in self.cluster.tenant_nodes() if name not in nodes]
+        table = DecisionTable({name: verdict_of(name) for name in names}, verdict_of)
         if len(view.tables) >= _MAX_TABLES:
             view.tables.clear()
         view.tables[key] = table
