@@ -52,7 +52,7 @@ def test_goal_checks_pass_fail_and_skip():
     assert "ratio 0.50" in passing[1].detail
     failing = goal_checks({"count": _summary("count", 3, 0.4), "load": _summary("load", 1, 0.21)}, replicas=2)
     assert [c.passed for c in failing] == [False, False]
-    assert "(1 onto devices the last sample showed below the thresholds)" in failing[0].detail
+    assert "(1 on nodes the last sample showed with cool room: device choice or lag)" in failing[0].detail
     assert goal_checks({"count": _summary("count", 0, 0.4)}, replicas=1)[0].passed is None
     exclusive = goal_checks({"count": _summary("count", 0, 0.0), "load": _summary("load", 0, 0.0)}, replicas=1)
     assert "exclusive devices" in exclusive[0].detail

@@ -143,7 +143,7 @@ def test_a_burst_between_scrapes_makes_a_hot_placement_the_extender_could_not_se
     bursty = pod("bursty", 0, Schedule((0.0, 20.0), (0.1, 0.95)))
     trace = make_trace([bursty, pod("steady", 1, 0.5), pod("p2", 25, 0.1)])
     result = simulate(fleet, trace, LoadPolicy(inflight=True), EXTENDER)
-    assert [(o.name, o.node, o.hot, o.hot_unseen) for o in result.outcomes] == [
+    assert [(o.name, o.node, o.hot, o.hot_on_cool_node) for o in result.outcomes] == [
         ("bursty", "a", False, False),
         ("steady", "b", False, False),
         ("p2", "a", True, True),

@@ -56,10 +56,6 @@ class Node:
     def devices_of(self, resource: str) -> tuple[Device, ...]:
         return tuple(d for d in self.devices if d.resource == resource)
 
-    @property
-    def resources(self) -> tuple[str, ...]:
-        return tuple(sorted({d.resource for d in self.devices}))
-
 
 @dataclass(frozen=True, slots=True)
 class Fleet:
@@ -67,12 +63,6 @@ class Fleet:
     namespace_tenants: Mapping[str, str] = field(default_factory=dict)  # namespace -> tenant
     replicas: int = 1  # pods that may share one device (time-slicing); 1 = exclusive
     source: str = ""
-
-    def node(self, name: str) -> Node:
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        raise KeyError(name)
 
     def tenants(self) -> list[str]:
         return sorted({n.tenant for n in self.nodes if n.tenant})

@@ -59,7 +59,7 @@ class PolicySummary:
     wait_p50_s: float | None
     wait_p95_s: float | None
     hot_placements: int
-    hot_unseen: int  # of which the last sample showed the devices below the thresholds
+    hot_on_cool_node: int  # of which the last sample showed the node with enough cool devices with room
     held: int
     load_cov: float
     mean_node_load: float
@@ -82,7 +82,7 @@ def summarise(result: RunResult) -> PolicySummary:
         wait_p50_s=percentile(waits, 0.50),
         wait_p95_s=percentile(waits, 0.95),
         hot_placements=sum(o.hot for o in result.outcomes),
-        hot_unseen=sum(o.hot_unseen for o in result.outcomes),
+        hot_on_cool_node=sum(o.hot_on_cool_node for o in result.outcomes),
         held=sum(o.held for o in result.outcomes),
         load_cov=statistics.fmean(covs) if covs else 0.0,
         mean_node_load=statistics.fmean(node_means) if node_means else 0.0,
@@ -108,7 +108,7 @@ def goal_checks(summaries: dict[str, PolicySummary], replicas: int) -> list[Goal
         return [GoalCheck("load makes zero hot placements", None, "policy 'load' not run")]
     detail = f"load: {load.hot_placements} hot placement(s) of {load.placed} placed"
     if load.hot_placements:
-        detail += f" ({load.hot_unseen} onto devices the last sample showed below the thresholds)"
+        detail += f" ({load.hot_on_cool_node} on nodes the last sample showed with cool room: device choice or lag)"
     if count:
         detail += f"; count: {count.hot_placements}"
     if replicas == 1:

@@ -66,7 +66,9 @@ class PodOutcome:
     devices: tuple[str, ...] = ()
     hot: bool = False  # placed on a device above a threshold while a cooler fitting device existed
     held: bool = False  # fitted somewhere by count, but the policy (the extender's filter) passed no node
-    hot_unseen: bool = False  # a hot placement onto devices the last sample showed below the thresholds (lag)
+    # Hot, though the last sample showed the node with enough cool devices with room: the node was a sound choice
+    # by what the extender could know; the device plugin's choice, or a burst since the sample, made it hot.
+    hot_on_cool_node: bool = False
 
     @property
     def wait(self) -> float | None:
@@ -245,7 +247,7 @@ class Simulation:
         node = self.cluster.nodes[decision.node]
         devices = choose_devices(node, pod, now, self.settings.device_choice)
         outcome.hot = is_hot_placement(pod, devices, pool, now)
-        outcome.hot_unseen = outcome.hot and self._sampled_cool(node.name, pod.resource, devices)
+        outcome.hot_on_cool_node = outcome.hot and self._sampled_cool_with_room(node, pod)
         running = self.cluster.bind(pod, node, devices, now)
         self._recent.append(running)
         self._push(running.end, _Event.END, running)
@@ -253,14 +255,21 @@ class Simulation:
         outcome.devices = tuple(d.device.key for d in devices)
         return True
 
-    def _sampled_cool(self, node: str, resource: str, devices: list[DeviceState]) -> bool:
-        """Whether the last sample showed every one of ``devices`` below the thresholds."""
-        metrics = self.cluster.snapshot.nodes.get(node)
+    def _sampled_cool_with_room(self, node: NodeState, pod: PodSpec) -> bool:
+        """Whether the last sample showed ``pod.count`` devices with room on ``node`` below the thresholds.
+
+        A hot placement onto such a node is the device choice's or the lag's doing, not the node choice's.
+        """
+        metrics = self.cluster.snapshot.nodes.get(node.name)
         if metrics is None:
-            return True  # nothing sampled yet: the extender could not have known
-        sampled = {d.key: d for d in metrics.devices.get(resource, ())}
-        keys = [d.device.key for d in devices]
-        return all(key in sampled and below_thresholds(sampled[key], self.extender_policy) for key in keys)
+            return True  # nothing sampled yet
+        sampled = {d.key: d for d in metrics.devices.get(pod.resource, ())}
+        cool = [
+            d
+            for d in node.free_devices(pod.resource)
+            if d.device.key in sampled and below_thresholds(sampled[d.device.key], self.extender_policy)
+        ]
+        return len(cool) >= pod.count
 
     def _retry_waiting(self, now: float) -> None:
         if not self._waiting:
