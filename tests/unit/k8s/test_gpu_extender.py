@@ -162,64 +162,62 @@ def test_hongkong_renders_and_lets_kubernetes_pick_the_cluster_ip(tmp_path):
 # --- derived values on small inventories ------------------------------------------------------------------------
 
 
-def test_host_cidrs_come_from_the_control_plane_addresses(tmp_path):
-    inventory = write_inventory(
-        tmp_path, {"cp-1": "10.20.0.11", "cp-2": "fd00:10::12", "cp-3": "cp-3.example.org", "cp-4": None}
+def config_hash(rendered: dict[str, dict]) -> str:
+    return rendered["Deployment"]["spec"]["template"]["metadata"]["annotations"]["gpufleet.io/config-hash"]
+
+
+@pytest.fixture(scope="module")
+def small_inventory(tmp_path_factory) -> str:
+    """Four control-plane hosts: an IPv4 address, an IPv6 address, a host name and no address at all."""
+    return write_inventory(
+        tmp_path_factory.mktemp("extender-inventory"),
+        {"cp-1": "10.20.0.11", "cp-2": "fd00:10::12", "cp-3": "cp-3.example.org", "cp-4": None},
     )
-    rendered = render_extender(tmp_path, inventory)
+
+
+def test_host_cidrs_and_what_the_config_hash_ignores(tmp_path, small_inventory, lab):
+    rendered = render_extender(tmp_path, small_inventory, {"gpu_extender_replicas": 3})
     rule = rendered["NetworkPolicy"]["spec"]["ingress"][0]
     # Host names and hosts without an address cannot be turned into an ipBlock: only the IP addresses.
     assert [p["ipBlock"]["cidr"] for p in rule["from"] if "ipBlock" in p] == ["10.20.0.11/32", "fd00:10::12/128"]
+    assert rendered["Deployment"]["spec"]["replicas"] == 3
+    # Replicas, ClusterIP and host CIDRs differ from the lab, the extender's settings do not: same hash, no roll.
+    assert rendered["ConfigMap"]["data"] == lab["ConfigMap"]["data"]
+    assert config_hash(rendered) == config_hash(lab)
+    assert len(config_hash(lab)) == 64
 
 
-def test_without_api_features_there_is_no_api_access(tmp_path):
-    inventory = write_inventory(tmp_path, {"cp-1": "10.20.0.11"})
+def test_without_api_features_there_is_no_api_access_and_the_pods_roll(tmp_path, small_inventory, lab):
     rendered = render_extender(
-        tmp_path, inventory, {"gpu_extender_inflight_accounting": False, "gpu_extender_tenant_pools": False}
+        tmp_path,
+        small_inventory,
+        {
+            "gpu_extender_inflight_accounting": False,
+            "gpu_extender_tenant_pools": False,
+            "gpu_extender_gpu_util_threshold": 0.75,
+            "gpu_extender_extra_settings": {"MAX_BODY_BYTES": 8388608},
+        },
     )
     assert "ClusterRole" not in rendered and "ClusterRoleBinding" not in rendered
     assert rendered["ServiceAccount"]["automountServiceAccountToken"] is False
     assert rendered["Deployment"]["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
-    assert rendered["ConfigMap"]["data"]["KUBE_API"] == "off"
-    assert rendered["ConfigMap"]["data"]["TENANT_POOLS"] == "false"
+    settings = rendered["ConfigMap"]["data"]
+    assert settings["KUBE_API"] == "off"
+    assert settings["TENANT_POOLS"] == "false"
+    assert settings["GPU_UTIL_THRESHOLD"] == "0.75"
+    assert settings["MAX_BODY_BYTES"] == "8388608"
+    # Changed settings change the pod template's hash: the Deployment rolls and the pods read the new values.
+    assert config_hash(rendered) != config_hash(lab)
 
 
-def test_one_api_feature_is_enough_for_the_read_only_role(tmp_path):
-    inventory = write_inventory(tmp_path, {"cp-1": "10.20.0.11"})
+def test_one_api_feature_is_enough_for_the_read_only_role(tmp_path, small_inventory):
     rendered = render_extender(
-        tmp_path, inventory, {"gpu_extender_inflight_accounting": True, "gpu_extender_tenant_pools": False}
+        tmp_path, small_inventory, {"gpu_extender_inflight_accounting": True, "gpu_extender_tenant_pools": False}
     )
     assert rendered["ClusterRole"]["rules"][0]["verbs"] == ["get", "list", "watch"]
+    assert rendered["Deployment"]["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
     assert rendered["ConfigMap"]["data"]["KUBE_API"] == "in-cluster"
     assert rendered["ConfigMap"]["data"]["TENANT_POOLS"] == "false"
-
-
-def test_config_hash_follows_the_settings(tmp_path):
-    inventory = write_inventory(tmp_path, {"cp-1": "10.20.0.11"})
-
-    def config_hash(name: str, extra: dict) -> tuple[str, dict]:
-        rendered = render_extender(tmp_path / name, inventory, extra)
-        template = rendered["Deployment"]["spec"]["template"]["metadata"]
-        return template["annotations"]["gpufleet.io/config-hash"], rendered["ConfigMap"]["data"]
-
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    (tmp_path / "c").mkdir()
-    default_hash, _ = config_hash("a", {})
-    same_hash, _ = config_hash("b", {"gpu_extender_replicas": 3})
-    changed_hash, changed = config_hash(
-        "c",
-        {
-            "gpu_extender_gpu_util_threshold": 0.75,
-            "gpu_extender_extra_settings": {"MAX_BODY_BYTES": 8388608},
-            "gpu_extender_cluster_ip": "10.96.7.7",
-        },
-    )
-    assert len(default_hash) == 64
-    assert same_hash == default_hash  # replicas are not a setting of the extender process
-    assert changed_hash != default_hash
-    assert changed["GPU_UTIL_THRESHOLD"] == "0.75"
-    assert changed["MAX_BODY_BYTES"] == "8388608"
 
 
 # --- refused settings -------------------------------------------------------------------------------------------

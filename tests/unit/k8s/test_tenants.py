@@ -380,3 +380,13 @@ def test_apply_mode_reaches_the_api_server(tmp_path, read_nodes_first, failing_t
     assert "Connection refused" in output or "Max retries exceeded" in output
     for argument_error in ("Unsupported parameters", "missing required arguments", "is not a valid", "argument spec"):
         assert argument_error not in output
+
+
+def test_invalid_layout_fails_with_the_filter_message(tmp_path):
+    tenants = {"cv": {"group": "pool_cv", "namespaces": ["cv"], "priority_class": "gpufleet-inference"}}
+    # Three 3g.40gb instances need 12 of a GPU's 8 memory slices.
+    pools = {"pool_cv": {"tenant": "cv", "hosts": ["c1"], "layout": mig_all(**{"3g.40gb": 3}), "gpus": 1}}
+    result = run_tenants(tmp_path, write_inventory(tmp_path, pools, tenants), {"gpufleet_k8s_mode": "render"})
+    assert result.returncode != 0
+    assert "mig_layout: invalid MIG layout" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
