@@ -126,3 +126,17 @@ def test_check_flag_turns_failed_goals_into_exit_1(fleet_file, tmp_path):
     args = ["--fleet", str(fleet_file), "--trace", str(trace), "--no-plot", "--quiet", "--output", str(tmp_path)]
     assert main(args) == 0
     assert main([*args, "--check"]) == 1
+
+
+def test_extender_settings_file_sets_thresholds_and_in_flight_expiry(fleet_file, tmp_path, capsys):
+    config = tmp_path / "extender.yaml"
+    config.write_text("GPU_UTIL_THRESHOLD: 0.5\nINFLIGHT_MAX_SECONDS: 40\n")
+    out = tmp_path / "out"
+    args = ["--fleet", str(fleet_file), "--hours", "0.1", "--no-plot", "--quiet", "--output", str(out)]
+    assert main([*args, "--config", str(config), "--policies", "load"]) == 0
+    document = json.loads((out / "results.json").read_text())
+    assert document["extender"]["gpu_util_threshold"] == 0.5
+    assert document["model"]["inflight_max_s"] == 40
+    config.write_text("GPU_UTIL_THRESHOLD: 2\n")
+    assert main([*args, "--config", str(config)]) == 2
+    assert "GPU_UTIL_THRESHOLD" in capsys.readouterr().err
