@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import pod
+from sim_helpers import pod
 
 from gpufleet_extender.scoring import Policy
 from gpufleet_extender.simulate.model import DeviceChoice, ModelSettings, simulate

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import pod, whole_gpu_node
+from sim_helpers import pod, whole_gpu_node
 
 from gpufleet_extender.scoring import Policy
 from gpufleet_extender.simulate.fleet import Fleet

@@ -192,6 +192,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"Model: scrape every {model.scrape_interval:g}s, device choice {model.device_choice.value}\n")
     print(format_table(list(summaries.values())))
     print(f"\n{LEGEND}\n\nGoals (issue 6):\n{format_goals(checks)}")
+    if fleet.replicas == 1:
+        print(
+            "\nDevices are exclusive (no time-slicing, as the collection deploys): every device with room is idle, so"
+            "\nthe extender scores all fitting nodes alike. To model shared devices: --replicas 2 --device-choice"
+            "\nleast-loaded (docs/simulator.md)."
+        )
     args.output.mkdir(parents=True, exist_ok=True)
     document = {
         **description,
