@@ -7,7 +7,7 @@ from sim_helpers import pod, whole_gpu_node
 
 from gpufleet_extender.scoring import Policy
 from gpufleet_extender.simulate.fleet import Fleet
-from gpufleet_extender.simulate.model import ModelSettings, SimulationError, simulate
+from gpufleet_extender.simulate.model import ModelSettings, Probe, SimulationError, simulate
 from gpufleet_extender.simulate.policies import CountPolicy, Decision, LoadPolicy
 from gpufleet_extender.simulate.state import SimCluster
 from gpufleet_extender.simulate.trace import PodSpec, Schedule, make_trace
@@ -148,3 +148,18 @@ def test_a_burst_between_scrapes_makes_a_hot_placement_the_extender_could_not_se
         ("steady", "b", False, False),
         ("p2", "a", True, True),
     ]
+
+
+def test_probes_record_an_extra_series_at_every_sample():
+    """The extension point for extra figures: idle whole GPUs at each scrape (0, 15, 30; p1 runs 10..40)."""
+
+    class IdleGpus(Probe):
+        name = "idle_gpus"
+
+        def sample(self, now, cluster):
+            return sum(1 for n in cluster.nodes.values() for d in n.devices if not d.pods)
+
+    fleet = Fleet((whole_gpu_node("a", 2),), {}, replicas=1)
+    result = simulate(fleet, make_trace([pod("p1", 10, 0.5, 30)]), CountPolicy(), EXTENDER, probes=(IdleGpus(),))
+    assert result.sample_times == [0, 15, 30, 45]
+    assert result.probes == {"idle_gpus": [2, 1, 1, 2]}
