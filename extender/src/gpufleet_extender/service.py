@@ -193,7 +193,9 @@ class Extender:
         """Build the tables of recently seen pod shapes for the current snapshot (run off the request path)."""
         view = self._current_view(self._clock())
         for request, namespace_tenant, namespace in list(self._recent_keys):
-            self._table(view, request, namespace_tenant, namespace)
+            table = self._table(view, request, namespace_tenant, namespace)
+            for name in list(table.codes):  # prioritize's per-node JSON too
+                table.priority_json[name]  # filled on first access
 
     def _namespace_tenant(self, request: SchedulingRequest) -> object:
         """The pod namespace's tenant when tenant pools apply to NodeNames requests, else _NO_TENANT."""
