@@ -42,6 +42,8 @@ lab: venv collection-link
 	mkdir -p $(LAB_DIR)
 	# The lab's GPUs are files: roll each pool in one batch (production rolls 25% of a pool at a time).
 	ansible-playbook -i inventories/lab playbooks/site.yml -e mig_partition_serial=100%
+	# Would the load-aware extender place this fleet's pods better than counting GPUs? (docs/simulator.md)
+	gpufleet-extender simulate --inventory inventories/lab --output $(LAB_DIR)/sim --seed 1
 
 lab-reset:
 	rm -rf $(LAB_DIR)
