@@ -93,3 +93,11 @@ def test_wrong_name_type_is_reported_lazily_with_its_path():
     request = decode_args(b'{"Pod":{},"NodeNames":["a",1]}')
     with pytest.raises(WireError, match=r"NodeNames\[1\]"):
         request.nodes.names  # noqa: B018
+
+
+def test_all_passed_answer_is_the_same_json_as_the_general_one():
+    request = decode_args(b'{"Pod":{},"Nodes":null,"NodeNames":[ "n1", "caf\\u00e9", "x\\"y" ]}')
+    fast = encode_filter_result(request.nodes, None, {}, {})
+    general = encode_filter_result(request.nodes, [0, 1, 2], {}, {})
+    assert json.loads(fast) == json.loads(general)
+    assert json.loads(fast)["NodeNames"] == ["n1", "café", 'x"y']

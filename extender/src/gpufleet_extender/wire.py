@@ -191,6 +191,10 @@ def _decode_part(decoder: msgspec.json.Decoder, raw: bytes | msgspec.Raw, field:
         raise WireError(f"ExtenderArgs.{field}: {exc}".replace("`$", f"`$.{field}")) from None
 
 
+# The answer when every candidate passed, cut where the NodeNames list goes (the first "[]" of the JSON).
+_ALL_PASSED_PREFIX, _ALL_PASSED_SUFFIX = _encoder.encode(ExtenderFilterResult(NodeNames=[])).split(b"[]", 1)
+
+
 def encode_filter_result(
     nodes: CandidateNodes,
     passed: list[int] | None,
@@ -208,6 +212,9 @@ def encode_filter_result(
             FailedNodes=failed,
             FailedAndUnresolvableNodes=unresolvable,
         )
+    elif passed is None and not failed and not unresolvable and nodes.names_json is not None:
+        # Everything passed: the list goes back as the very bytes that came in.
+        return _ALL_PASSED_PREFIX + nodes.names_json + _ALL_PASSED_SUFFIX
     else:
         result = ExtenderFilterResult(
             NodeNames=nodes.names if passed is None else [nodes.names[i] for i in passed],
