@@ -117,6 +117,12 @@ class _View:
 
 
 class Extender:
+    """Answers kube-scheduler's verbs from the current snapshot, cluster state and settings.
+
+    ``snapshot_provider`` returns the refresher's current snapshot; ``cluster`` is None without a Kubernetes
+    API. ``filter``/``prioritize`` take the raw body and return the raw answer, raising WireError for bad input.
+    """
+
     def __init__(
         self,
         settings: Settings,
