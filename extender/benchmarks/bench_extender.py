@@ -8,8 +8,8 @@ full Node objects (false). The floor, measured in the same run on the same bodie
 request plus encoding the same answer: the least any Python extender must pay.
 
 - "repeated list": every request carries the same candidate list (pods of one workload in a row), which
-  the extender answers from its memo; "fresh list": each request's list differs (memo misses), the cost
-  of actually looking every node up.
+  the extender answers from its memo; "fresh list": 64 different lists in turn, so every request misses
+  the memo and pays for looking every node up.
 - "cold": the first request after a new metrics snapshot, when the decision table is built (the server
   normally does that in the background right after each refresh).
 - HTTP figures include the Python client on the same 2 cores; "server" is the extender's own histogram
@@ -76,7 +76,8 @@ class Bodies:
             self.fresh = [args_body(the_pod, nodes=objects[k:] + objects[:k]) for k in range(1, 3)]
         else:
             self.repeated = [args_body(the_pod, names=names)]
-            self.fresh = [args_body(the_pod, names=names[k:] + names[:k]) for k in range(1, 25)]
+            # More distinct lists than the answer memo keeps (16), cycled: every request is a miss.
+            self.fresh = [args_body(the_pod, names=names[k:] + names[:k]) for k in range(1, 65)]
         self.size = len(self.repeated[0])
 
 
@@ -103,7 +104,7 @@ def in_process(extender: Extender, sizes: list[int], quick: bool) -> None:
             for verb in ("filter", "prioritize"):
                 call = getattr(extender, verb)
                 for label, group in (("repeated", bodies.repeated), ("fresh", bodies.fresh)):
-                    call(group[0])  # build the decision table first: "cold" is measured below
+                    call(bodies.repeated[0])  # build the decision table first: "cold" is measured below
                     timings = time_calls(call, group, count)
                     floor = time_calls(floor_of(call, group), group, count)
                     p50, p99 = percentiles(timings)
@@ -201,7 +202,7 @@ def over_http(metrics_file: Path, sizes: list[int], quick: bool) -> None:
                             count = 16 * (3 if quick else 10) if full else (160 if quick else 640)
                             if full:
                                 count = max(concurrency, count * 500 // nodes // 4)
-                            asyncio.run(drive(url, f"/{verb}", group, concurrency, concurrency))  # warm-up
+                            asyncio.run(drive(url, f"/{verb}", bodies.repeated, concurrency, concurrency))  # warm-up
                             before = server_histogram(url, verb)
                             timings, elapsed = asyncio.run(drive(url, f"/{verb}", group, count, concurrency))
                             after = server_histogram(url, verb)
