@@ -24,6 +24,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpufleet_extender.scoring import Strategy as ScoringStrategy  # spread | pack | auto, described there
+
 # The CLI hands ``--config`` to get_settings() through this variable, so a worker started by uvicorn
 # (or a test) sees the same file.
 CONFIG_FILE_ENV = "GPUFLEET_EXTENDER_CONFIG"
@@ -78,6 +80,12 @@ class Settings(BaseSettings):
     KUBE_API: KubeApiMode = KubeApiMode.AUTO
     # An assumed (recently bound) pod stops counting after this long even if no sample covered it.
     INFLIGHT_MAX_SECONDS: float = Field(120.0, gt=0)
+    SCORING_STRATEGY: ScoringStrategy = ScoringStrategy.SPREAD
+    PACK_TARGET_UTIL: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.6
+    # auto packs while the fleet's mean load of a resource is below AUTO_PACK_BELOW and spreads once it is above
+    # AUTO_PACK_BELOW + AUTO_HYSTERESIS; in between it keeps its mode, so it does not flap at the boundary.
+    AUTO_PACK_BELOW: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.4
+    AUTO_HYSTERESIS: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
 
     @field_validator("NODE_NAME_LABELS", mode="before")
     @classmethod
@@ -109,9 +117,26 @@ class Settings(BaseSettings):
                 f"WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got {self.WEIGHT_GPU_UTIL} + "
                 f"{self.WEIGHT_MEM_UTIL} = {total:g})"
             )
+        if self.SCORING_STRATEGY is not ScoringStrategy.SPREAD:
+            self._check_packing()
         if self.METRICS_SOURCE is MetricsSourceKind.FILE and self.METRICS_FILE is None:
             raise ValueError("METRICS_SOURCE=file needs METRICS_FILE (a Prometheus text exposition file)")
         return self
+
+    def _check_packing(self) -> None:
+        # Packing aims below the filter's threshold: a target at or above it would rank highest the nodes
+        # the filter is about to refuse. Checked only when a packing strategy is on, so spread users who
+        # lower GPU_UTIL_THRESHOLD are not refused over a setting they do not use.
+        if self.PACK_TARGET_UTIL >= self.GPU_UTIL_THRESHOLD:
+            raise ValueError(
+                f"PACK_TARGET_UTIL ({self.PACK_TARGET_UTIL:g}) must be below GPU_UTIL_THRESHOLD "
+                f"({self.GPU_UTIL_THRESHOLD:g}) with SCORING_STRATEGY={self.SCORING_STRATEGY}"
+            )
+        if self.SCORING_STRATEGY is ScoringStrategy.AUTO and self.AUTO_PACK_BELOW + self.AUTO_HYSTERESIS >= 1.0:
+            raise ValueError(
+                f"AUTO_PACK_BELOW + AUTO_HYSTERESIS must be below 1 (got {self.AUTO_PACK_BELOW:g} + "
+                f"{self.AUTO_HYSTERESIS:g}): auto would never spread"
+            )
 
     @classmethod
     def settings_customise_sources(

@@ -7,20 +7,32 @@ place is made the same way everywhere. Public API:
 - ``device_load(device, policy)`` - ``w_util * util + w_mem * mem`` of one device, 0..1;
 - ``pick_devices(devices, count, policy, assumed=0)`` - the ``count`` least-loaded devices a pod would get
   after ``assumed`` in-flight pods took the best ones (the device-selection step, reusable on its own);
-- ``score_devices(devices, count, policy)`` - ``10 x (1 - mean load)`` rounded and clamped to 0..10,
-  a missing device (fewer than ``count``) counting as fully loaded;
+- ``score_devices(devices, count, policy)`` - the ``spread`` score: ``10 x (1 - mean load)`` rounded and
+  clamped to 0..10, a missing device (fewer than ``count``) counting as fully loaded;
+- ``pack_score(load, target)`` - the ``pack`` score of a node whose devices of the resource carry ``load``
+  (TargetLoadPacking: rising up to the target, falling beyond it);
+- ``ModeSelector`` - the ``auto`` strategy's one piece of state: pack or spread per resource, from the fleet's
+  mean load, with hysteresis;
 - ``evaluate_node(name, metrics, request, policy, now, assumed)`` - the filter verdict and score of one
   node as a ``NodeVerdict``; ``evaluate_nodes`` maps it over many;
 - ``tenant_mismatch(node, node_tenant, namespace, namespace_tenant)`` - the tenant-pool rule.
 
 A pod that asks for no GPU passes everywhere with ``NEUTRAL_SCORE``, so the extender never changes the
 placement of non-GPU pods.
+
+Scoring strategies (``SCORING_STRATEGY``): ``spread`` scores the devices the pod would get, least-loaded
+first, so pods go where devices are coolest. ``pack`` scores the node's load of the requested resource the way
+Trimaran's TargetLoadPacking scores CPU: the fuller the node the better up to ``PACK_TARGET_UTIL``, worse
+beyond it; pods consolidate and whole GPUs and nodes stay free. ``auto`` packs while the fleet is quiet and
+spreads while it is busy. The filter is the same in every mode: a node passes only with a device below the
+thresholds, so packing never places onto a hot device. Everything here is pure given the mode; the ``auto``
+state lives in a ``ModeSelector`` owned by the caller (the service, or a simulator policy).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE, GpuRequest, ResourceRequest
@@ -31,6 +43,24 @@ MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
 NEUTRAL_SCORE = 5
 
 
+class Strategy(StrEnum):
+    """``SCORING_STRATEGY``: how passing nodes are ranked."""
+
+    SPREAD = "spread"  # least-loaded devices first (score_devices)
+    PACK = "pack"  # fullest node under PACK_TARGET_UTIL first (pack_score)
+    AUTO = "auto"  # pack while the fleet is quiet, spread while it is busy (ModeSelector)
+
+
+class Mode(StrEnum):
+    """The ranking in force for one resource: a fixed strategy's own, or the one ``auto`` chose."""
+
+    SPREAD = "spread"
+    PACK = "pack"
+
+
+ModeMap = Mapping[str, Mode]  # resource -> mode in force (auto); resources not in it are scored spread
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     gpu_util_threshold: float = 0.8
@@ -39,6 +69,10 @@ class Policy:
     weight_mem_util: float = 0.3
     max_age_seconds: float = 30.0  # 0: samples never go stale
     deny_missing: bool = False  # ON_MISSING_METRICS=deny
+    strategy: Strategy = Strategy.SPREAD
+    pack_target_util: float = 0.6  # PACK_TARGET_UTIL
+    auto_pack_below: float = 0.4  # AUTO_PACK_BELOW
+    auto_hysteresis: float = 0.1  # AUTO_HYSTERESIS: auto spreads only above AUTO_PACK_BELOW + this
 
     @classmethod
     def from_settings(cls, settings) -> Policy:  # settings: config.Settings (kept untyped: no import cycle)
@@ -49,7 +83,19 @@ class Policy:
             weight_mem_util=settings.WEIGHT_MEM_UTIL,
             max_age_seconds=settings.METRICS_MAX_AGE_SECONDS,
             deny_missing=settings.ON_MISSING_METRICS == "deny",
+            strategy=settings.SCORING_STRATEGY,
+            pack_target_util=settings.PACK_TARGET_UTIL,
+            auto_pack_below=settings.AUTO_PACK_BELOW,
+            auto_hysteresis=settings.AUTO_HYSTERESIS,
         )
+
+    def mode_for(self, resource: str, modes: ModeMap | None) -> Mode:
+        """The mode scoring ``resource``: the fixed strategy's, or auto's choice (spread until it has chosen)."""
+        if self.strategy is Strategy.PACK:
+            return Mode.PACK
+        if self.strategy is Strategy.AUTO and modes:
+            return modes.get(resource, Mode.SPREAD)
+        return Mode.SPREAD
 
     @property
     def missing_policy_name(self) -> str:
@@ -140,8 +186,27 @@ def _missing(node: str, why: str, policy: Policy) -> NodeVerdict:
     return NodeVerdict(True, NEUTRAL_SCORE, Outcome.MISSING_ALLOWED, reason)
 
 
+def pack_score(load: float, target: float) -> int:
+    """TargetLoadPacking's curve on 0..10: ``10 x target`` on an idle node, rising to 10 at ``target``, then
+    falling to 0 at full load, so the fullest node still under the target wins and nodes past it are avoided."""
+    load = min(1.0, max(0.0, load))
+    rising = load <= target
+    raw = (1.0 - target) * load / target + target if rising else target * (1.0 - load) / (1.0 - target)
+    return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * raw)))
+
+
+def resource_load(devices: Sequence[DeviceMetrics], policy: Policy, assumed: int = 0) -> float:
+    """Mean load of a node's devices of one resource; devices taken by ``assumed`` in-flight pods count as full
+    (those pods are running but no sample shows their load yet)."""
+    if not devices:
+        return 1.0
+    ranked = _by_load(devices, policy)
+    taken = min(assumed, len(ranked))
+    return (taken + sum(device_load(d, policy) for d in ranked[taken:])) / len(ranked)
+
+
 def _evaluate_resource(
-    node: str, devices: Sequence[DeviceMetrics], want: ResourceRequest, policy: Policy, assumed: int
+    node: str, devices: Sequence[DeviceMetrics], want: ResourceRequest, policy: Policy, assumed: int, mode: Mode
 ) -> NodeVerdict:
     ranked = _by_load(devices, policy)
     available = ranked[assumed:]
@@ -155,7 +220,17 @@ def _evaluate_resource(
             Outcome.OVERLOADED,
             f"{node}: no {want.resource} {_device_word(want.resource)} below thresholds ({best}{taken})",
         )
-    return NodeVerdict(True, score_devices(available[: want.count], want.count, policy), Outcome.PASS)
+    strategy = f" (SCORING_STRATEGY={policy.strategy})" if policy.strategy is Strategy.AUTO else ""
+    if mode is Mode.PACK:
+        load = resource_load(devices, policy, assumed)
+        score = pack_score(load, policy.pack_target_util)
+        reason = (
+            f"{node}: pack{strategy}: {want.resource} load {load:.2f}, target {policy.pack_target_util:.2f}, "
+            f"score {score}"
+        )
+        return NodeVerdict(True, score, Outcome.PASS, reason)
+    score = score_devices(available[: want.count], want.count, policy)
+    return NodeVerdict(True, score, Outcome.PASS, f"{node}: spread{strategy}: {want.resource} score {score}")
 
 
 def evaluate_node(
@@ -165,11 +240,14 @@ def evaluate_node(
     policy: Policy,
     now: float,
     assumed: Mapping[str, int] | None = None,
+    modes: ModeMap | None = None,
 ) -> NodeVerdict:
     """Filter verdict and score of ``node`` for a pod asking for ``request``.
 
-    ``assumed`` counts, per resource, the pods bound to the node that no sample covers yet.
-    A pod asking for several resources passes when every one passes and scores the lowest of them.
+    ``assumed`` counts, per resource, the pods bound to the node that no sample covers yet. ``modes`` is the
+    ``auto`` strategy's choice per resource (``ModeSelector.modes``); fixed strategies ignore it.
+    A pod asking for several resources passes when every one passes and scores the lowest of them; the
+    reason of a passing verdict names the mode and the score.
     """
     if not request:
         return NO_GPU_VERDICT
@@ -184,7 +262,8 @@ def evaluate_node(
         if not devices:
             part = _missing(node, f"no {want.resource} {_device_word(want.resource)} in the metrics", policy)
         else:
-            part = _evaluate_resource(node, devices, want, policy, (assumed or {}).get(want.resource, 0))
+            taken = (assumed or {}).get(want.resource, 0)
+            part = _evaluate_resource(node, devices, want, policy, taken, policy.mode_for(want.resource, modes))
         if not part.passed:
             return part
         if verdict is None or part.score < verdict.score:
@@ -199,12 +278,69 @@ def evaluate_nodes(
     policy: Policy,
     now: float,
     assumed: Mapping[str, Mapping[str, int]] | None = None,
+    modes: ModeMap | None = None,
 ) -> dict[str, NodeVerdict]:
     """``evaluate_node`` for each name (the simulator's entry point)."""
     assumed = assumed or {}
     return {
-        name: evaluate_node(name, snapshot.nodes.get(name), request, policy, now, assumed.get(name)) for name in nodes
+        name: evaluate_node(name, snapshot.nodes.get(name), request, policy, now, assumed.get(name), modes)
+        for name in nodes
     }
+
+
+def fleet_mean_load(snapshot: MetricsSnapshot, policy: Policy, now: float) -> dict[str, float]:
+    """Mean ``device_load`` per resource over every device of the snapshot with a fresh sample."""
+    totals: dict[str, list[float]] = {}
+    for metrics in snapshot.nodes.values():
+        if policy.max_age_seconds > 0 and now - metrics.sample_time > policy.max_age_seconds:
+            continue  # a stale node says nothing about the fleet now
+        for resource, devices in metrics.devices.items():
+            entry = totals.setdefault(resource, [0.0, 0])
+            entry[0] += sum(device_load(d, policy) for d in devices)
+            entry[1] += len(devices)
+    return {resource: total / count for resource, (total, count) in totals.items() if count}
+
+
+def next_mode(current: Mode | None, load: float, pack_below: float, hysteresis: float) -> Mode:
+    """``auto``'s rule: pack below ``pack_below``, spread above ``pack_below + hysteresis``, else keep ``current``.
+
+    Between the two the mode stays what it was, so a fleet hovering at the boundary does not flap; with no
+    mode yet (start-up) the band counts as busy: spread, the safe default.
+    """
+    if load < pack_below:
+        return Mode.PACK
+    if load > pack_below + hysteresis or current is None:
+        return Mode.SPREAD
+    return current
+
+
+@dataclass(slots=True)
+class ModeSelector:
+    """The ``auto`` strategy's state: the mode in force per resource, updated from each new snapshot.
+
+    One instance per decision maker (the service; each simulator policy). ``update`` returns the resources
+    whose mode changed, for the switch counter.
+    """
+
+    pack_below: float
+    hysteresis: float
+    modes: dict[str, Mode] = field(default_factory=dict)
+    fleet_load: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_policy(cls, policy: Policy) -> ModeSelector:
+        return cls(policy.auto_pack_below, policy.auto_hysteresis)
+
+    def update(self, fleet_load: Mapping[str, float]) -> dict[str, Mode]:
+        self.fleet_load = dict(fleet_load)
+        changed = {}
+        for resource, load in fleet_load.items():
+            previous = self.modes.get(resource)
+            mode = next_mode(previous, load, self.pack_below, self.hysteresis)
+            if mode is not previous:
+                changed[resource] = mode
+            self.modes[resource] = mode
+        return changed
 
 
 def tenant_mismatch(node: str, node_tenant: str | None, namespace: str, namespace_tenant: str | None) -> str | None:

@@ -22,10 +22,14 @@ from gpufleet_extender.config import Settings
 from gpufleet_extender.pods import GpuRequest, pod_gpu_request
 from gpufleet_extender.scoring import (
     NEUTRAL_SCORE,
+    ModeMap,
+    ModeSelector,
     NodeVerdict,
     Outcome,
     Policy,
+    Strategy,
     evaluate_node,
+    fleet_mean_load,
     outcome_passes,
     tenant_mismatch,
 )
@@ -113,6 +117,7 @@ class _View:
     cluster_version: int
     assumed: dict[str, dict[str, int]]
     valid_until: float
+    modes: ModeMap | None = None  # SCORING_STRATEGY=auto: the mode per resource for this snapshot
     tables: dict[tuple, DecisionTable] = field(default_factory=dict)
 
 
@@ -142,6 +147,11 @@ class Extender:
         self._view: _View | None = None
         self._recent_keys: dict[tuple, None] = {}  # pod shapes seen lately, warmed on each new snapshot
         self._memo = _AnswerMemo()
+        self.telemetry.scoring_strategy.labels(self.policy.strategy.value).set(1)
+        # SCORING_STRATEGY=auto's state (pack or spread per resource), moved on by each new snapshot.
+        self.mode_selector = ModeSelector.from_policy(self.policy) if self.policy.strategy is Strategy.AUTO else None
+        self._modes_version: int | None = None
+        self._modes: ModeMap | None = None
 
     # --- the decision tables ------------------------------------------------------------------------------
 
@@ -164,8 +174,19 @@ class Extender:
             if fresh_limits:
                 valid_until = min(valid_until, min(fresh_limits))
         self.telemetry.assumed_pods.set(sum(sum(r.values()) for r in assumed.values()))
-        self._view = _View(snapshot, cluster_version, assumed, valid_until)
+        self._view = _View(snapshot, cluster_version, assumed, valid_until, self._modes_for(snapshot, now))
         return self._view
+
+    def _modes_for(self, snapshot: MetricsSnapshot, now: float) -> ModeMap | None:
+        """Auto's modes for ``snapshot``: the selector moves once per new snapshot, never per request."""
+        selector = self.mode_selector
+        if selector is None:
+            return None
+        if snapshot.version != self._modes_version:
+            changed = selector.update(fleet_mean_load(snapshot, self.policy, now))
+            self._modes_version, self._modes = snapshot.version, dict(selector.modes)
+            self.telemetry.show_modes(selector.modes, selector.fleet_load, changed)
+        return self._modes
 
     def _table(self, view: _View, request: GpuRequest, namespace_tenant: object, namespace: str) -> DecisionTable:
         key = (request, namespace_tenant, namespace if namespace_tenant is not _NO_TENANT else "")
@@ -180,7 +201,7 @@ class Extender:
                 reason = tenant_mismatch(name, self.cluster.node_tenant(name), namespace, namespace_tenant)
                 if reason:
                     return NodeVerdict(False, 0, Outcome.TENANT_MISMATCH, reason)
-            return evaluate_node(name, nodes.get(name), request, policy, now, assumed.get(name))
+            return evaluate_node(name, nodes.get(name), request, policy, now, assumed.get(name), view.modes)
 
         names = list(nodes)
         if namespace_tenant is not _NO_TENANT:

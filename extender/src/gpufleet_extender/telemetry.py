@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -58,6 +58,41 @@ class Telemetry:
             "1 while /readyz answers 200 (fresh metrics, or ON_MISSING_METRICS=allow).",
             registry=self.registry,
         )
+
+        self.scoring_strategy = Gauge(
+            "gpufleet_extender_scoring_strategy",
+            "1 for the SCORING_STRATEGY in use (spread, pack or auto).",
+            ["strategy"],
+            registry=self.registry,
+        )
+        self.scoring_mode = Gauge(
+            "gpufleet_extender_scoring_mode",
+            "SCORING_STRATEGY=auto: 1 for the mode in force per resource (pack or spread), 0 for the other.",
+            ["resource", "mode"],
+            registry=self.registry,
+        )
+        self.scoring_mode_switches = Counter(
+            "gpufleet_extender_scoring_mode_switches_total",
+            "SCORING_STRATEGY=auto: switches of a resource's mode, by the mode switched to.",
+            ["resource", "mode"],
+            registry=self.registry,
+        )
+        self.fleet_mean_load = Gauge(
+            "gpufleet_extender_fleet_mean_load",
+            "SCORING_STRATEGY=auto: mean device load per resource over the fleet, the input of the mode choice.",
+            ["resource"],
+            registry=self.registry,
+        )
+
+    def show_modes(self, modes: Mapping[str, str], fleet_load: Mapping[str, float], changed: Iterable[str]) -> None:
+        """Export auto's state after a snapshot: the mode per resource, the load it was chosen on, the switches."""
+        for resource, mode in modes.items():
+            for name in ("pack", "spread"):
+                self.scoring_mode.labels(resource, name).set(1.0 if name == mode else 0.0)
+        for resource, load in fleet_load.items():
+            self.fleet_mean_load.labels(resource).set(load)
+        for resource in changed:
+            self.scoring_mode_switches.labels(resource, modes[resource]).inc()
 
     def bind_live_values(self, metrics_age: Callable[[], float], ready: Callable[[], bool]) -> None:
         """Gauges computed when scraped, so they are right even while nothing else happens."""
