@@ -13,3 +13,8 @@ def _clean_settings_env(monkeypatch):
     for name in Settings.model_fields:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("GPUFLEET_EXTENDER_CONFIG", raising=False)
+
+
+def pytest_configure(config):
+    # Registered here too, so runs from the repository root (without extender/pyproject.toml) know it.
+    config.addinivalue_line("markers", "integration: starts real local servers (uvicorn, Prometheus) on 127.0.0.1")
