@@ -62,8 +62,10 @@ build: venv
 	ansible-galaxy collection build --force --output-path build/dist .
 	ansible-galaxy collection install --force --no-deps -p build/dist/installed build/dist/gpufleet-mig-*.tar.gz
 
+# Two runs: the collection's tests and the extender package's each have their own rootdir, conftest and helpers.
 pytest: venv collection-link system-deps
-	GPUFLEET_REQUIRE_PROMETHEUS=1 pytest tests extender/tests
+	pytest tests
+	cd extender && GPUFLEET_REQUIRE_PROMETHEUS=1 pytest
 
 sanity: venv
 	tests/sanity/run.sh
