@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,19 +50,43 @@ def connect(mode: KubeApiMode) -> Any | None:
     return client.ApiClient()
 
 
-class ClusterWatcher:
-    def __init__(self, api: Any, state: ClusterState):
-        from kubernetes import client
+ListFunction = Callable[..., Any]  # a CoreV1Api list_* method: (_preload_content=False, ...) -> response
+StreamFunction = Callable[..., Iterable[Mapping[str, Any]]]  # kubernetes.watch.Watch().stream
 
-        core = client.CoreV1Api(api)
+
+def _watch_stream(func: ListFunction, **kwargs: Any) -> Iterable[Mapping[str, Any]]:
+    from kubernetes import watch
+
+    return watch.Watch().stream(func, **kwargs)
+
+
+class ClusterWatcher:
+    """Lists then watches bound pods, nodes and namespaces into ``state``, one daemon thread per kind.
+
+    ``lists`` and ``stream`` default to the kubernetes client's; tests pass fakes.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        state: ClusterState,
+        lists: Mapping[str, ListFunction] | None = None,
+        stream: StreamFunction = _watch_stream,
+    ):
+        if lists is None:
+            from kubernetes import client
+
+            core = client.CoreV1Api(api)
+            # Only bound pods matter for in-flight accounting; the field selector keeps the stream small.
+            lists = {
+                "Pod": lambda **kw: core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=", **kw),
+                "Node": lambda **kw: core.list_node(**kw),
+                "Namespace": lambda **kw: core.list_namespace(**kw),
+            }
+        self._lists = lists
+        self._stream = stream
         self._state = state
         self._stop = threading.Event()
-        # Only bound pods matter for in-flight accounting; the field selector keeps the stream small.
-        self._lists = {
-            "Pod": lambda **kw: core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=", **kw),
-            "Node": lambda **kw: core.list_node(**kw),
-            "Namespace": lambda **kw: core.list_namespace(**kw),
-        }
         self._threads = [
             threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind.lower()}", daemon=True)
             for kind in self._lists
@@ -75,8 +100,6 @@ class ClusterWatcher:
         self._stop.set()
 
     def _run(self, kind: str) -> None:
-        from kubernetes import watch
-
         failures = 0
         while not self._stop.is_set():
             try:
@@ -85,11 +108,11 @@ class ClusterWatcher:
                 version = (listed.get("metadata") or {}).get("resourceVersion")
                 failures = 0
                 while not self._stop.is_set():
-                    stream = watch.Watch().stream(
+                    events = self._stream(
                         self._lists[kind], resource_version=version, timeout_seconds=_WATCH_TIMEOUT_SECONDS
                     )
-                    for event in stream:
-                        raw = event.get("raw_object") or {}
+                    for event in events:
+                        raw = event.get("raw_object") or event.get("object") or {}
                         if event.get("type") == "ERROR":  # e.g. 410 Gone: list again
                             raise RuntimeError(raw.get("message", "watch error"))
                         self._state.apply_event(kind, event.get("type", ""), raw)
