@@ -17,15 +17,24 @@ from pathlib import Path
 
 from gpufleet_extender.config import SettingsError, load_settings
 from gpufleet_extender.scoring import Policy
+from gpufleet_extender.simulate.capacity import (
+    CAPACITY_LEGEND,
+    CapacityProbe,
+    CapacitySummary,
+    format_capacity,
+    plot_capacity,
+    strategy_goal_checks,
+    summarise_capacity,
+)
 from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, Fleet, FleetError, fleet_from_inventory, fleet_from_yaml
 from gpufleet_extender.simulate.generator import SCENARIOS, generate_trace
 from gpufleet_extender.simulate.metrics import PolicySummary, goal_checks, summarise
 from gpufleet_extender.simulate.model import DeviceChoice, ModelSettings, RunResult, SimulationError, simulate
-from gpufleet_extender.simulate.policies import POLICIES, make_policy
+from gpufleet_extender.simulate.policies import ISSUE_6_POLICIES, POLICIES, STRATEGY_POLICIES, make_policy
 from gpufleet_extender.simulate.report import LEGEND, format_goals, format_table, plot_node_load, write_json
 from gpufleet_extender.simulate.trace import Trace, TraceError, load_trace, write_trace
 
-HELP = "compare count-based, random and load-aware placement on a fleet and a workload trace"
+HELP = "compare count-based, random and load-aware placement (spread, pack, auto) on a fleet and a workload trace"
 
 
 def _positive(text: str) -> float:
@@ -63,8 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policies",
         type=_policies,
-        default=list(POLICIES),
-        help=f"comma-separated, compared in one run (default: {','.join(POLICIES)})",
+        help=f"comma-separated, compared in one run, from {','.join(POLICIES)} (default: "
+        f"{','.join(STRATEGY_POLICIES)} for the quiet-night and peak-hour scenarios, "
+        f"else {','.join(ISSUE_6_POLICIES)})",
     )
     parser.add_argument(
         "--config", type=Path, help="extender settings file (thresholds, weights, INFLIGHT_MAX_SECONDS); env wins"
@@ -128,7 +138,7 @@ def _load_inputs(args: argparse.Namespace) -> tuple[Fleet, Trace, Policy, ModelS
     trace = (
         load_trace(args.trace)
         if args.trace
-        else generate_trace(fleet, args.seed, hours * 3600, SCENARIOS[args.scenario])
+        else generate_trace(fleet, args.seed, hours * 3600, SCENARIOS[args.scenario], args.scenario)
     )
     model = ModelSettings(
         scrape_interval=args.scrape_interval,
@@ -163,58 +173,91 @@ def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) 
             "mem_util_threshold": policy.mem_util_threshold,
             "weight_gpu_util": policy.weight_gpu_util,
             "weight_mem_util": policy.weight_mem_util,
+            "scoring_strategy": policy.strategy.value,  # the `load` policy's; spread/pack/auto force their own
+            "pack_target_util": policy.pack_target_util,
+            "auto_pack_below": policy.auto_pack_below,
+            "auto_hysteresis": policy.auto_hysteresis,
         },
     }
 
 
+def _default_policies(args: argparse.Namespace) -> list[str]:
+    if args.policies:
+        return args.policies
+    if not args.trace and args.scenario in ("quiet-night", "peak-hour"):
+        return list(STRATEGY_POLICIES)
+    return list(ISSUE_6_POLICIES)
+
+
 def run(args: argparse.Namespace) -> int:
+    names = _default_policies(args)
+    scenario = None if args.trace else args.scenario
     try:
         fleet, trace, policy, model = _load_inputs(args)
         if args.write_trace:
             write_trace(trace, args.write_trace)
         progress = _Progress(not args.quiet)
         results: list[RunResult] = []
-        for name in args.policies:
+        capacities: dict[str, CapacitySummary] = {}
+        probe = CapacityProbe()
+        for name in names:
             progress.start(name)
-            results.append(
-                simulate(fleet, trace, make_policy(name, args.seed), policy, model, progress=progress.update)
-            )
+            placement = make_policy(name, args.seed)
+            result = simulate(fleet, trace, placement, policy, model, probes=(probe,), progress=progress.update)
+            results.append(result)
+            by_mode = getattr(placement, "placements_by_mode", None)  # load policies only
+            capacities[name] = summarise_capacity(result, trace.pods[-1].arrival, by_mode)
             progress.done()
     except (SettingsError, FleetError, TraceError, SimulationError, OSError) as exc:
         print(f"gpufleet-extender simulate: {exc}", file=sys.stderr)
         return 2
     summaries: dict[str, PolicySummary] = {r.policy: summarise(r) for r in results}
-    checks = goal_checks(summaries, fleet.replicas)
+    strategies_ran = any(name in STRATEGY_POLICIES for name in names)
+    # Each issue's goals are shown when its policies ran (both when neither did).
+    checks = goal_checks(summaries, fleet.replicas) if "load" in names or not strategies_ran else []
+    strategy_checks = strategy_goal_checks(summaries, capacities, scenario) if strategies_ran else []
     description = _describe(fleet, trace, policy, model)
     fleet_line = ", ".join(f"{t} {n} nodes" for t, n in description["fleet"]["tenants"].items())
     print(f"Fleet: {fleet.source} ({fleet_line}; {fleet.replicas} pod(s) per device)")
     print(f"Trace: {trace.source} ({len(trace.pods)} pods)")
     print(f"Model: scrape every {model.scrape_interval:g}s, device choice {model.device_choice.value}\n")
     print(format_table(list(summaries.values())))
-    print(f"\n{LEGEND}\n\nGoals (issue 6):\n{format_goals(checks)}")
+    print(f"\n{LEGEND}\n")
+    print(format_capacity(list(capacities.values())))
+    print(f"\n{CAPACITY_LEGEND}")
+    if checks:
+        print(f"\nGoals (issue 6):\n{format_goals(checks)}")
+    if strategy_checks:
+        print(f"\nGoals (issue 7):\n{format_goals(strategy_checks)}")
     if fleet.replicas == 1:
         print(
             "\nDevices are exclusive (no time-slicing, as the collection deploys): every device with room is idle, so"
-            "\nthe extender scores all fitting nodes alike. To model shared devices: --replicas 2 --device-choice"
-            "\nleast-loaded (docs/simulator.md)."
+            "\nspread scores all fitting nodes alike. pack and auto still choose the node (by its devices' load), which"
+            "\ndecides which nodes and MIG GPUs stay free; the count of free whole GPUs in an unpartitioned pool does"
+            "\nnot depend on placement. To model shared devices: --replicas 2 --device-choice least-loaded"
+            "\n(docs/simulator.md)."
         )
     args.output.mkdir(parents=True, exist_ok=True)
     document = {
         **description,
         "policies": {name: s.to_json() for name, s in summaries.items()},
-        "goals": [c.to_json() for c in checks],
+        "capacity": {name: c.to_json() for name, c in capacities.items()},
+        "goals": [c.to_json() for c in (*checks, *strategy_checks)],
     }
     if not args.no_plot:
         plot = args.output / "node_load.png"
         try:
             plot_node_load(plot, results, summaries)
+            capacity_plot = args.output / "free_capacity.png"
+            plot_capacity(capacity_plot, results, trace.pods[-1].arrival)
             document["plot"] = plot.name
-            print(f"\nPlot: {plot}")
+            document["capacity_plot"] = capacity_plot.name
+            print(f"\nPlots: {plot}, {capacity_plot}")
         except ImportError:
             print("\nPlot skipped: matplotlib is not installed (pip install 'gpufleet-extender[sim]')", file=sys.stderr)
     write_json(args.output / "results.json", document)
     print(f"Results: {args.output / 'results.json'}")
-    if args.check and any(c.passed is False for c in checks):
+    if args.check and any(c.passed is False for c in (*checks, *strategy_checks)):
         return 1
     return 0
 

@@ -153,8 +153,13 @@ def _streams(fleet: Fleet) -> list[_Stream]:
     return streams
 
 
-def generate_trace(fleet: Fleet, seed: int, duration: float = 4 * 3600, curve: LoadCurve = LoadCurve()) -> Trace:
-    """A mixed trace for every tenant pool of ``fleet``; the same arguments always give the same trace."""
+def generate_trace(
+    fleet: Fleet, seed: int, duration: float = 4 * 3600, curve: LoadCurve = LoadCurve(), scenario: str = "mixed"
+) -> Trace:
+    """A mixed trace for every tenant pool of ``fleet``; the same arguments always give the same trace.
+
+    ``scenario`` only names the trace in its source line; ``curve`` decides how busy it is.
+    """
     rng = random.Random(f"gpufleet-sim/{seed}")
     pods: list[PodSpec] = []
 
@@ -178,8 +183,15 @@ def generate_trace(fleet: Fleet, seed: int, duration: float = 4 * 3600, curve: L
         for arrival in _arrival_times(rng, lambda t, s=stream: s.rate(t, duration, curve), peak, duration):
             for _ in range(rng.randint(*stream.work.burst) if stream.work.burst else 1):
                 add(stream, arrival + (rng.uniform(0, 20) if stream.work.burst else 0.0))
-    return make_trace(pods, source=f"generated: mixed, seed {seed}, {duration / 3600:g} h")
+    return make_trace(pods, source=f"generated: {scenario}, seed {seed}, {duration / 3600:g} h")
 
 
-# Named traces the CLI offers (issue 7 adds quiet-night and peak-hour curves here).
-SCENARIOS: dict[str, LoadCurve] = {"mixed": LoadCurve()}
+# Named traces the CLI offers: the same workload mix, at different levels over the trace.
+SCENARIOS: dict[str, LoadCurve] = {
+    # Busy but not saturated: 35 % of the devices in use at the ends, 80 % in the middle.
+    "mixed": LoadCurve(),
+    # A night: 25 % in use in the evening, falling to 10 % in the small hours and back (a peak below the base).
+    "quiet-night": LoadCurve(base=0.25, peak=0.10),
+    # The busiest hours: 70 % in use, rising to 92 % in the middle, where pods start to wait.
+    "peak-hour": LoadCurve(base=0.70, peak=0.92),
+}

@@ -10,21 +10,33 @@ kube-scheduler's own filters leave - and returns a node name, or None to leave t
   from the last metrics sample, with in-flight accounting (pods bound since that sample count as assumed
   load) on or off. kube-scheduler adds the extender's score x weight x 10 to its plugins' scores; with the
   kube_scheduler role's weight 3 one extender point outweighs NodeResourcesFit's whole range, so the node is
-  the highest extender score, ties by least allocated (the ``count`` rule), then by name.
+  the highest extender score, ties by least allocated (the ``count`` rule), then by name. ``load`` scores with
+  the settings' ``SCORING_STRATEGY`` (spread unless ``--config`` says otherwise): what a deployment would do.
+- ``spread`` / ``pack`` / ``auto``: ``load`` with that scoring strategy forced (issue 7). ``auto`` keeps its
+  own ``scoring.ModeSelector``, moved on by each new snapshot as the service's is, and counts its placements
+  per mode in ``placements_by_mode``.
 
 kube-scheduler breaks exact ties at random; the simulator takes the first name so runs can be checked by hand.
-A new policy (issue 7's spread/pack/auto strategies) is a class with ``name``, ``inflight`` and ``choose``,
-registered in ``POLICIES``.
+A new policy is a class with ``name``, ``inflight`` and ``choose``, registered in ``POLICIES``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpufleet_extender.scoring import NodeVerdict, Policy, evaluate_nodes
+from gpufleet_extender.scoring import (
+    ModeMap,
+    ModeSelector,
+    NodeVerdict,
+    Policy,
+    Strategy,
+    evaluate_nodes,
+    fleet_mean_load,
+)
 from gpufleet_extender.simulate.state import NodeState
 from gpufleet_extender.simulate.trace import PodSpec
 from gpufleet_extender.snapshot import MetricsSnapshot
@@ -81,23 +93,53 @@ class RandomFitPolicy:
 
 
 class LoadPolicy:
-    """The extender's filter and prioritize, through the same functions the server calls."""
+    """The extender's filter and prioritize, through the same functions the server calls.
 
-    def __init__(self, inflight: bool):
+    ``strategy`` forces a scoring strategy; None keeps the settings' ``SCORING_STRATEGY``.
+    """
+
+    def __init__(self, inflight: bool, strategy: Strategy | None = None, name: str | None = None):
         self.inflight = inflight
-        self.name = "load" if inflight else "load-no-inflight"
+        self.strategy = strategy
+        self.name = name or ("load" if inflight else "load-no-inflight")
+        self.placements_by_mode: dict[str, int] = {}  # spread/pack: how many placements each mode scored
+        self._policy: tuple[Policy, Policy] | None = None  # (settings' policy, the one used)
+        self._selector: ModeSelector | None = None
+        self._modes_version: int | None = None
+
+    def _extender_policy(self, settings_policy: Policy) -> Policy:
+        if self._policy is None or self._policy[0] is not settings_policy:
+            used = settings_policy
+            if self.strategy is not None:
+                used = dataclasses.replace(settings_policy, strategy=self.strategy)
+            self._policy = (settings_policy, used)
+            self._selector = ModeSelector.from_policy(used) if used.strategy is Strategy.AUTO else None
+        return self._policy[1]
+
+    def _modes(self, policy: Policy, view: SchedulerView) -> ModeMap | None:
+        """Auto's modes: like the service, the selector moves once per new snapshot."""
+        if self._selector is None:
+            return None
+        if view.snapshot.version != self._modes_version:
+            self._selector.update(fleet_mean_load(view.snapshot, policy, view.now))
+            self._modes_version = view.snapshot.version
+        return self._selector.modes
 
     def choose(self, pod: PodSpec, fitting: Sequence[NodeState], view: SchedulerView) -> Decision:
         if not fitting:
             return Decision(None)
+        policy = self._extender_policy(view.extender_policy)
+        modes = self._modes(policy, view)
         verdicts = evaluate_nodes(
-            [n.name for n in fitting], view.snapshot, pod.request, view.extender_policy, view.now, view.assumed
+            [n.name for n in fitting], view.snapshot, pod.request, policy, view.now, view.assumed, modes
         )
         passed = [n for n in fitting if verdicts[n.name].passed]
         if not passed:
             return Decision(None, verdicts)
         by_allocation = least_allocated_key(pod)
         best = min(passed, key=lambda n: (-verdicts[n.name].score, *by_allocation(n)))
+        mode = policy.mode_for(pod.resource, modes).value
+        self.placements_by_mode[mode] = self.placements_by_mode.get(mode, 0) + 1
         return Decision(best.name, verdicts)
 
 
@@ -107,7 +149,12 @@ POLICIES: dict[str, Callable[[int], PlacementPolicy]] = {
     "random-fit": RandomFitPolicy,
     "load": lambda seed: LoadPolicy(inflight=True),
     "load-no-inflight": lambda seed: LoadPolicy(inflight=False),
+    "spread": lambda seed: LoadPolicy(inflight=True, strategy=Strategy.SPREAD, name="spread"),
+    "pack": lambda seed: LoadPolicy(inflight=True, strategy=Strategy.PACK, name="pack"),
+    "auto": lambda seed: LoadPolicy(inflight=True, strategy=Strategy.AUTO, name="auto"),
 }
+ISSUE_6_POLICIES = ("count", "random-fit", "load", "load-no-inflight")  # the mixed trace's default comparison
+STRATEGY_POLICIES = ("spread", "pack", "auto")  # issue 7: the quiet-night and peak-hour traces' default
 
 
 def make_policy(name: str, seed: int) -> PlacementPolicy:
