@@ -153,10 +153,20 @@ def test_lab_network_policy_admits_only_scheduler_and_prometheus(lab):
     assert ip_blocks == ["192.0.2.11/32", "192.0.2.12/32", "192.0.2.13/32"]
 
 
-def test_hongkong_renders_and_lets_kubernetes_pick_the_cluster_ip(tmp_path):
+def test_hongkong_renders_with_the_fixed_cluster_ip_its_static_pod_scheduler_calls(tmp_path):
     hongkong = render_extender(tmp_path, "inventories/hongkong")
-    assert "clusterIP" not in hongkong["Service"]["spec"]
+    # group_vars/all/extender.yml: the host-network kube-scheduler cannot resolve *.svc names.
+    assert hongkong["Service"]["spec"]["clusterIP"] == "10.96.0.50"
+    ingress_cidrs = [
+        p["ipBlock"]["cidr"] for p in hongkong["NetworkPolicy"]["spec"]["ingress"][0]["from"] if "ipBlock" in p
+    ]
+    assert ingress_cidrs == ["10.20.0.0/28"]
     assert hongkong["Deployment"]["spec"]["replicas"] >= 2
+
+
+def test_without_a_fixed_address_kubernetes_picks_the_cluster_ip(tmp_path):
+    rendered = render_extender(tmp_path, "inventories/hongkong", extra_vars={"gpu_extender_cluster_ip": None})
+    assert "clusterIP" not in rendered["Service"]["spec"]
 
 
 # --- derived values on small inventories ------------------------------------------------------------------------
