@@ -4,12 +4,11 @@ scrape config snippet, and the apply path's arguments (check mode against a clos
 from __future__ import annotations
 
 import hashlib
-import socket
 import sys
 
 import pytest
 import yaml
-from conftest import load_manifests, render_roles, run_playbook, validate_manifests
+from conftest import closed_port_kubeconfig, load_manifests, render_roles, run_playbook, validate_manifests
 
 PROFILING = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 
@@ -116,26 +115,13 @@ def test_a_counter_list_without_the_profiling_field_is_refused(tmp_path):
 
 def test_apply_mode_reaches_for_the_api_with_valid_arguments(tmp_path):
     """Check mode against a closed 127.0.0.1 port: the apply task gets past argument validation and fails connecting."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "none", "cluster": {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}
-        ],
-        "users": [{"name": "none", "user": {"token": "not-a-real-token"}}],
-        "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
-        "current-context": "none",
-    }
-    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    kubeconfig = closed_port_kubeconfig(tmp_path)
     playbook = tmp_path / "apply.yml"
     play = {"hosts": "localhost", "gather_facts": False, "check_mode": True, "roles": ["dcgm_exporter"]}
     playbook.write_text(yaml.safe_dump([play]))
     extra = {
         "gpufleet_k8s_mode": "apply",
-        "gpufleet_kubeconfig": str(tmp_path / "kubeconfig"),
+        "gpufleet_kubeconfig": kubeconfig,
         "gpufleet_manifests_dir": str(tmp_path / "out"),
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,

@@ -7,8 +7,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import load_manifests, render_roles, run_playbook, validate_manifests
-from test_tenants import closed_port_kubeconfig
+from conftest import closed_port_kubeconfig, load_manifests, render_roles, run_playbook, validate_manifests
 
 SELECTOR = {"app.kubernetes.io/name": "gpufleet-extender", "app.kubernetes.io/component": "scheduler-extender"}
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,15 @@ from typing import Literal
 
 import pytest
 import yaml
-from conftest import REPO, load_manifests, render_roles, run_playbook, validate_manifests
+from conftest import (
+    REPO,
+    closed_port_kubeconfig,
+    free_port,
+    load_manifests,
+    render_roles,
+    run_playbook,
+    validate_manifests,
+)
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ROLE = "gpufleet.mig.kube_scheduler"
@@ -396,31 +403,6 @@ def test_an_invalid_layout_fails_with_the_layout_filters_message(tmp_path):
 
 
 # --- apply mode ------------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A 127.0.0.1 port nothing listens on (at the time of asking)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def closed_port_kubeconfig(tmp_path: Path) -> str:
-    """A kubeconfig whose server is a 127.0.0.1 port nothing listens on."""
-    port = free_port()
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}
-        ],
-        "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "c",
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(kubeconfig))
-    return str(path)
 
 
 def test_secondary_apply_mode_reaches_the_api_server(tmp_path):

@@ -3,13 +3,12 @@ hand-made inventories, the inventory errors it refuses, and the arguments of its
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import load_manifests, render_roles, run_playbook, validate_manifests
+from conftest import closed_port_kubeconfig, load_manifests, render_roles, run_playbook, validate_manifests
 
 TENANT_KEY = "gpufleet.io/tenant"
 MIG_OFF = [{"devices": "all", "mig_enabled": False}]
@@ -326,26 +325,6 @@ def test_overcommit_is_accepted_when_asked_for(tmp_path):
 
 
 # --- apply mode -------------------------------------------------------------------------------------------------
-
-
-def closed_port_kubeconfig(tmp_path) -> str:
-    """A kubeconfig whose server is a 127.0.0.1 port nothing listens on."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "none", "cluster": {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}
-        ],
-        "users": [{"name": "none", "user": {"token": "not-a-real-token"}}],
-        "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
-        "current-context": "none",
-    }
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(kubeconfig))
-    return str(path)
 
 
 @pytest.mark.parametrize(
