@@ -1,7 +1,8 @@
 """The descheduler role: strict validation of its core objects, the DeschedulerPolicy's own structure (not a core
 kind: checked here against descheduler v1alpha2's fields and rules), the node selector covering the same nodes
 as dcgm-exporter, the derived PromQL load query evaluated by promtool on synthetic dcgm-exporter series, and the
-errors it refuses."""
+errors it refuses; and the optional consolidation instances (HighNodeUtilization on a tenant pool's GPU
+resources, issue 7)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ DEFAULT_EVICTOR_FIELDS = {
     "evictFailedBarePods", "labelSelector", "priorityThreshold", "nodeFit", "minReplicas", "minPodAge",
     "ignorePodsWithoutPDB", "noEvictionPolicy", "podProtections",
 }  # fmt: skip
+# HighNodeUtilizationArgs (pkg/framework/plugins/nodeutilization/types.go).
+HIGH_NODE_UTILIZATION_FIELDS = {"thresholds", "numberOfNodes", "metricsUtilization", "evictableNamespaces",
+                                "evictionModes"}  # fmt: skip
 BALANCE_PLUGINS = {"LowNodeUtilization", "HighNodeUtilization", "RemoveDuplicates",
                    "RemovePodsViolatingTopologySpreadConstraint"}  # fmt: skip
 
@@ -72,6 +76,19 @@ def policy_errors(policy: dict) -> list[str]:
         ]
         if "LowNodeUtilization" in configs:
             errors += low_node_utilization_errors(configs["LowNodeUtilization"], "Prometheus" in sources)
+        if "HighNodeUtilization" in configs:
+            errors += high_node_utilization_errors(configs["HighNodeUtilization"])
+    return errors
+
+
+def high_node_utilization_errors(args: dict) -> list[str]:
+    errors = [f"unknown HighNodeUtilization arg {key}" for key in set(args) - HIGH_NODE_UTILIZATION_FIELDS]
+    thresholds = args.get("thresholds") or {}
+    if not thresholds:
+        errors.append("HighNodeUtilization needs thresholds")
+    errors += [f"{name}: threshold must be 0..100" for name, value in thresholds.items() if not 0 <= value <= 100]
+    if set(args.get("evictableNamespaces", {})) - {"exclude"}:
+        errors.append("only exclude namespaces can be set for HighNodeUtilization")
     return errors
 
 
@@ -291,4 +308,115 @@ def test_bad_thresholds_fail_with_a_clear_message(tmp_path):
     assert "Need 0 <= descheduler_low_threshold (80) <= descheduler_target_threshold (50) <= 100" in " ".join(
         result.stdout.split()
     )
+    assert not (tmp_path / "out" / "descheduler").exists()
+
+
+def render(tmp_path, pools, inventory="inventories/lab", **extra):
+    manifests = render_roles(
+        ["gpufleet.mig.descheduler"], tmp_path, inventory, {"descheduler_consolidation_pools": pools, **extra}
+    )
+    objects = {}
+    for path in sorted(manifests.rglob("*.y*ml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if document:
+                objects[(document["kind"], document["metadata"]["name"])] = document
+    return manifests, objects
+
+
+def policy_of(objects, name):
+    return yaml.safe_load(objects[("ConfigMap", f"{name}-policy")]["data"]["policy.yaml"])
+
+
+def test_off_by_default(tmp_path):
+    _, objects = render(tmp_path, [])
+    assert not [key for key in objects if "consolidate" in key[1]]
+    assert ("Deployment", "descheduler") in objects
+
+
+@pytest.mark.parametrize("inventory", ["inventories/lab", "inventories/hongkong"])
+def test_one_instance_per_pool_on_the_pool_nodes_only(tmp_path, inventory):
+    manifests, objects = render(tmp_path, ["llm", "imagegen"], inventory)
+    assert validate_manifests(manifests) >= 10
+
+    llm = policy_of(objects, "descheduler-consolidate-llm")
+    assert policy_errors(llm) == []
+    assert llm["nodeSelector"] == "gpufleet.io/gpu-node=true,gpufleet.io/tenant=llm"
+    (profile,) = llm["profiles"]
+    configs = {c["name"]: c["args"] for c in profile["pluginConfig"]}
+    assert high_node_utilization_errors(configs["HighNodeUtilization"]) == []
+    assert configs["HighNodeUtilization"]["thresholds"] == {"nvidia.com/gpu": 40}
+    assert profile["plugins"]["balance"]["enabled"] == ["HighNodeUtilization"]
+    # Evict only pods that fit on another node of the same pool, never from system namespaces, within the limits.
+    assert configs["DefaultEvictor"]["nodeFit"] is True
+    assert configs["DefaultEvictor"]["nodeSelector"] == llm["nodeSelector"]
+    assert "gpufleet-system" in configs["HighNodeUtilization"]["evictableNamespaces"]["exclude"]
+    assert (llm["maxNoOfPodsToEvictPerNode"], llm["maxNoOfPodsToEvictTotal"]) == (1, 4)
+    assert "metricsProviders" not in llm  # allocation, not load: no Prometheus needed
+
+    imagegen = policy_of(objects, "descheduler-consolidate-imagegen")
+    thresholds = {c["name"]: c["args"] for c in imagegen["profiles"][0]["pluginConfig"]}["HighNodeUtilization"]
+    assert thresholds["thresholds"] == {
+        "nvidia.com/mig-1g.10gb": 40, "nvidia.com/mig-2g.20gb": 40, "nvidia.com/mig-3g.40gb": 40,
+    }  # fmt: skip
+
+    # Each instance has its own Deployment, reading its own policy, with a selector disjoint from the main one.
+    main = objects[("Deployment", "descheduler")]
+    consolidate = objects[("Deployment", "descheduler-consolidate-llm")]
+    main_selector = main["spec"]["selector"]["matchLabels"]
+    pod_labels = consolidate["spec"]["template"]["metadata"]["labels"]
+    assert not all(pod_labels.get(k) == v for k, v in main_selector.items())
+    spec = consolidate["spec"]["template"]["spec"]
+    assert spec["volumes"][0]["configMap"]["name"] == "descheduler-consolidate-llm-policy"
+    assert spec["serviceAccountName"] == "descheduler"
+    assert "--descheduling-interval=30m" in spec["containers"][0]["args"]
+    selectors = [objects[("Deployment", f"descheduler-consolidate-{p}")]["spec"]["selector"]["matchLabels"]
+                 for p in ("llm", "imagegen")]  # fmt: skip
+    assert selectors[0] != selectors[1]
+
+
+def test_variables_reach_the_consolidation_policy(tmp_path):
+    extra = {
+        "descheduler_consolidation_threshold": 25,
+        "descheduler_consolidation_number_of_nodes": 1,
+        "descheduler_consolidation_interval": "1h",
+        "descheduler_max_evictions_total": None,
+    }
+    manifests, objects = render(tmp_path, ["finnlp"], **extra)
+    validate_manifests(manifests)
+    policy = policy_of(objects, "descheduler-consolidate-finnlp")
+    args = {c["name"]: c["args"] for c in policy["profiles"][0]["pluginConfig"]}["HighNodeUtilization"]
+    assert args["thresholds"] == {"nvidia.com/mig-1g.10gb": 25} and args["numberOfNodes"] == 1
+    assert "maxNoOfPodsToEvictTotal" not in policy
+    container = objects[("Deployment", "descheduler-consolidate-finnlp")]["spec"]["template"]["spec"]["containers"][0]
+    assert "--descheduling-interval=1h" in container["args"]
+
+
+def test_policy_check_rejects_bad_high_node_utilization_args():
+    assert "HighNodeUtilization needs thresholds" in high_node_utilization_errors({})
+    assert "unknown HighNodeUtilization arg targetThresholds" in high_node_utilization_errors(
+        {"thresholds": {"nvidia.com/gpu": 40}, "targetThresholds": {"nvidia.com/gpu": 80}}
+    )
+    assert any("0..100" in e for e in high_node_utilization_errors({"thresholds": {"nvidia.com/gpu": 140}}))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"descheduler_consolidation_pools": ["gpt"]}, "unknown: gpt"),
+        ({"descheduler_consolidation_pools": ["llm"], "descheduler_consolidation_threshold": 0}, "must be in 1..100"),
+    ],
+)
+def test_bad_consolidation_settings_fail_with_a_clear_message(tmp_path, extra, message):
+    playbook = tmp_path / "p.yml"
+    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "roles": ["descheduler"]}]))
+    variables = {
+        **extra,
+        "gpufleet_k8s_mode": "render",
+        "gpufleet_manifests_dir": str(tmp_path / "out"),
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+    }
+    result = run_playbook(str(playbook), "inventories/lab", variables, tmp_path)
+    assert result.returncode != 0
+    assert message in " ".join(result.stdout.split())
     assert not (tmp_path / "out" / "descheduler").exists()
