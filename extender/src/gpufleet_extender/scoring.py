@@ -91,9 +91,9 @@ class Policy:
 
     def mode_for(self, resource: str, modes: ModeMap | None) -> Mode:
         """The mode scoring ``resource``: the fixed strategy's, or auto's choice (spread until it has chosen)."""
-        if self.strategy is Strategy.PACK:
+        if self.strategy == Strategy.PACK:
             return Mode.PACK
-        if self.strategy is Strategy.AUTO and modes:
+        if self.strategy == Strategy.AUTO and modes:
             return modes.get(resource, Mode.SPREAD)
         return Mode.SPREAD
 
@@ -220,7 +220,7 @@ def _evaluate_resource(
             Outcome.OVERLOADED,
             f"{node}: no {want.resource} {_device_word(want.resource)} below thresholds ({best}{taken})",
         )
-    strategy = f" (SCORING_STRATEGY={policy.strategy})" if policy.strategy is Strategy.AUTO else ""
+    strategy = f" (SCORING_STRATEGY={policy.strategy})" if policy.strategy == Strategy.AUTO else ""
     if mode is Mode.PACK:
         load = resource_load(devices, policy, assumed)
         score = pack_score(load, policy.pack_target_util)

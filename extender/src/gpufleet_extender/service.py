@@ -149,7 +149,7 @@ class Extender:
         self._memo = _AnswerMemo()
         self.telemetry.scoring_strategy.labels(self.policy.strategy.value).set(1)
         # SCORING_STRATEGY=auto's state (pack or spread per resource), moved on by each new snapshot.
-        self.mode_selector = ModeSelector.from_policy(self.policy) if self.policy.strategy is Strategy.AUTO else None
+        self.mode_selector = ModeSelector.from_policy(self.policy) if self.policy.strategy == Strategy.AUTO else None
         self._modes_version: int | None = None
         self._modes: ModeMap | None = None
 

@@ -85,6 +85,7 @@ class CapacitySummary:
     policy: str
     free_gpus_mean: float  # the whole fleet, time-mean over the arrival window
     free_nodes_mean: float
+    free_gpus_by_pool: dict[str, float]  # time-mean per pool
     largest_placeable_mean: dict[str, float]  # per pool
     largest_placeable_min: dict[str, int]
     pack_share: float | None  # auto: share of placements scored in pack mode; None for other policies
@@ -104,14 +105,17 @@ def summarise_capacity(
     timed = zip(result.sample_times, result.probes[PROBE_NAME], strict=True)
     samples = [sample for at, sample in timed if at <= last_arrival] or result.probes[PROBE_NAME][:1]
     largest: dict[str, list[int]] = {}
+    free: dict[str, list[int]] = {}
     for sample in samples:
         for tenant, pool in sample.items():
             largest.setdefault(_pool_name(tenant), []).append(pool.largest_placeable)
+            free.setdefault(_pool_name(tenant), []).append(pool.free_gpus)
     placements = sum(by_mode.values()) if by_mode else 0
     return CapacitySummary(
         policy=result.policy,
         free_gpus_mean=statistics.fmean(sum(p.free_gpus for p in s.values()) for s in samples),
         free_nodes_mean=statistics.fmean(sum(p.free_nodes for p in s.values()) for s in samples),
+        free_gpus_by_pool={pool: statistics.fmean(v) for pool, v in sorted(free.items())},
         largest_placeable_mean={pool: statistics.fmean(v) for pool, v in sorted(largest.items())},
         largest_placeable_min={pool: min(v) for pool, v in sorted(largest.items())},
         pack_share=by_mode.get("pack", 0) / placements if placements else None,

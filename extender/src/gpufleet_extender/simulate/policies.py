@@ -113,7 +113,7 @@ class LoadPolicy:
             if self.strategy is not None:
                 used = dataclasses.replace(settings_policy, strategy=self.strategy)
             self._policy = (settings_policy, used)
-            self._selector = ModeSelector.from_policy(used) if used.strategy is Strategy.AUTO else None
+            self._selector = ModeSelector.from_policy(used) if used.strategy == Strategy.AUTO else None
         return self._policy[1]
 
     def _modes(self, policy: Policy, view: SchedulerView) -> ModeMap | None:
