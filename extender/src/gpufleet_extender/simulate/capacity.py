@@ -198,14 +198,15 @@ def plot_capacity(path: Path, results: Sequence[RunResult], last_arrival: float)
 
     pools = sorted({t for r in results for s in r.probes[PROBE_NAME] for t in s}, key=lambda t: t or "")
     figure, axes = plt.subplots(2, len(pools), figsize=(4.6 * len(pools) + 1.0, 6.4), sharex=True, squeeze=False)
-    for result in results:
+    for number, result in enumerate(results):
+        style = {"label": result.policy, "linewidth": 1.1, "linestyle": ("-", "--", ":", "-.")[number % 4]}
         hours = [t / 3600 for t in result.sample_times]
         series = result.probes[PROBE_NAME]
         for column, pool in enumerate(pools):
             free = [s[pool].free_gpus if pool in s else 0 for s in series]
             largest = [s[pool].largest_placeable if pool in s else 0 for s in series]
-            axes[0][column].step(hours, free, where="post", label=result.policy, linewidth=1.1)
-            axes[1][column].step(hours, largest, where="post", label=result.policy, linewidth=1.1)
+            axes[0][column].step(hours, free, where="post", **style)  # dashes keep equal series visible
+            axes[1][column].step(hours, largest, where="post", **style)
     for column, pool in enumerate(pools):
         axes[0][column].set_title(f"pool {_pool_name(pool)}", fontsize=10)
         for row in (0, 1):
