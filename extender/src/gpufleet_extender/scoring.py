@@ -200,8 +200,11 @@ def resource_load(devices: Sequence[DeviceMetrics], policy: Policy, assumed: int
     (those pods are running but no sample shows their load yet)."""
     if not devices:
         return 1.0
-    ranked = _by_load(devices, policy)
-    taken = min(assumed, len(ranked))
+    return _ranked_mean_load(_by_load(devices, policy), policy, assumed)
+
+
+def _ranked_mean_load(ranked: Sequence[DeviceMetrics], policy: Policy, assumed: int) -> float:
+    taken = min(assumed, len(ranked))  # in-flight pods took the least-loaded devices (as in pick_devices)
     return (taken + sum(device_load(d, policy) for d in ranked[taken:])) / len(ranked)
 
 
@@ -222,7 +225,7 @@ def _evaluate_resource(
         )
     strategy = f" (SCORING_STRATEGY={policy.strategy})" if policy.strategy == Strategy.AUTO else ""
     if mode is Mode.PACK:
-        load = resource_load(devices, policy, assumed)
+        load = _ranked_mean_load(ranked, policy, assumed)
         score = pack_score(load, policy.pack_target_util)
         reason = (
             f"{node}: pack{strategy}: {want.resource} load {load:.2f}, target {policy.pack_target_util:.2f}, "
