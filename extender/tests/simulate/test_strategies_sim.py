@@ -56,6 +56,8 @@ def test_auto_packs_a_quiet_fleet_and_counts_its_placements_per_mode():
     result, policy = run("auto")
     assert [o.node for o in result.outcomes] == ["a", "a"]
     assert policy.placements_by_mode == {"pack": 2}
+    assert policy.modes == {"nvidia.com/gpu": Mode.PACK}
+    assert make_policy("pack", 1).modes is None
 
 
 def test_auto_spreads_once_the_fleet_is_busy():
@@ -70,7 +72,7 @@ def test_auto_spreads_once_the_fleet_is_busy():
     view = SchedulerView(1.0, snapshot, {}, Policy())
     fitting = list(cluster.nodes.values())
     policy.choose(pod("new", 1, 0.5), fitting, view)
-    assert policy._selector.modes == {"nvidia.com/gpu": Mode.SPREAD}
+    assert policy.modes == {"nvidia.com/gpu": Mode.SPREAD}
     assert policy.placements_by_mode == {"spread": 1}
 
 

@@ -107,6 +107,11 @@ class LoadPolicy:
         self._selector: ModeSelector | None = None
         self._modes_version: int | None = None
 
+    @property
+    def modes(self) -> ModeMap | None:
+        """``auto``'s mode per resource after the last decision; None for the fixed strategies."""
+        return dict(self._selector.modes) if self._selector is not None else None
+
     def _extender_policy(self, settings_policy: Policy) -> Policy:
         if self._policy is None or self._policy[0] is not settings_policy:
             used = settings_policy
