@@ -226,7 +226,7 @@ def validate_target(target_counts: dict[str, int], catalog: Catalog, where: str)
     layout = search_placement(target_counts, catalog)
     if layout is None:
         options = "; ".join(
-            f"{n} at {'/'.join(str(s) for s, _ in catalog.by_name[n].placements)}" for n in sorted(target_counts)
+            f"{n} at {'/'.join(str(s) for s, _size in catalog.by_name[n].placements)}" for n in sorted(target_counts)
         )
         raise SpecError(
             f"{where}: no valid placement for {describe_counts(target_counts)} (totals fit, but the possible "

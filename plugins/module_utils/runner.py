@@ -63,7 +63,7 @@ def read_gpu(nvml: NvmlInterface, index: int, catalog: Catalog) -> GpuState:
                     pids=tuple(sorted(p.pid for p in processes if p.gi_id == record.gi_id)),
                     complete=complete,
                     uuid=uuids.get((record.gi_id, full_ci[0])) if full_ci else None,
-                    compute_instance_ids=tuple(ci_id for ci_id, _ in record.compute_instances),
+                    compute_instance_ids=tuple(ci_id for ci_id, _slices in record.compute_instances),
                 )
             )
     return GpuState(
@@ -173,7 +173,7 @@ def apply(
 ) -> dict:
     """Plan and (unless check_mode) apply. Returns {"gpus": [...], "changed": bool, "reboot_required": bool}."""
     plans = plan(nvml, config, force)
-    results = [gpu_result(p) for p, _ in plans]
+    results = [gpu_result(p) for p, _catalog in plans]
     for (gpu_plan, catalog), result in zip(plans, results, strict=True):
         if check_mode or not gpu_plan.changed:
             continue

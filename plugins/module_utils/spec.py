@@ -142,7 +142,7 @@ def targets_for_gpus(entries: list[LayoutEntry], gpus: list[tuple[int, int | Non
     An index beyond the GPUs present is an error (a typo must not silently configure nothing), as is a GPU selected
     by two entries (which layout would win is not obvious to the reader).
     """
-    present = {index for index, _ in gpus}
+    present = {index for index, _device_id in gpus}
     for entry in entries:
         if entry.devices != "all":
             missing = sorted(set(entry.devices) - present)

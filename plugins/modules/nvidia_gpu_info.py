@@ -13,7 +13,7 @@ description:
     instances (profile, placement, GPU instance id, compute instances and MIG device UUIDs), running processes per
     GPU and per MIG instance, and the GPU's MIG profile catalog as NVML reports it.
   - Read-only.
-author: gpufleet maintainers
+author: gpufleet maintainers (@gpufleet)
 options: {}
 extends_documentation_fragment:
   - gpufleet.mig.nvml_backend
@@ -89,7 +89,7 @@ gpus:
               mig_device_uuid: MIG-0d3c1c1e-4c38-5a0f-9b7a-2c7c5f0f3e21
           processes: [4242]
     processes:
-      description: Compute processes on the GPU; RV(gpus[].processes[].gpu_instance_id) is null outside MIG instances.
+      description: Compute processes on the GPU; C(gpu_instance_id) is null outside MIG instances.
       type: list
       elements: dict
       sample: [{"pid": 4242, "used_memory_mib": 2048, "gpu_instance_id": 1, "compute_instance_id": 0}]

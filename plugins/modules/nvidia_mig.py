@@ -23,7 +23,7 @@ description:
     resetting only that GPU when O(reset=true); otherwise RV(reboot_required) is set.
   - An NVML failure part-way fails the task with what was already done on which GPU (RV(gpus[].done)); rerunning
     converges.
-author: gpufleet maintainers
+author: gpufleet maintainers (@gpufleet)
 options:
   config:
     description:
