@@ -44,6 +44,8 @@ lab: venv collection-link
 	ansible-playbook -i inventories/lab playbooks/site.yml -e mig_partition_serial=100%
 	# Would the load-aware extender place this fleet's pods better than counting GPUs? (docs/simulator.md)
 	gpufleet-extender simulate --inventory inventories/lab --output $(LAB_DIR)/sim --seed 1
+	# ... and whether packing at night frees whole GPUs and nodes (spread vs pack vs auto).
+	gpufleet-extender simulate --inventory inventories/lab --scenario quiet-night --output $(LAB_DIR)/sim-quiet --seed 1
 
 lab-reset:
 	rm -rf $(LAB_DIR)
