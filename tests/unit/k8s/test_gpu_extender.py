@@ -273,3 +273,31 @@ def test_apply_mode_reaches_the_api_server(tmp_path):
     assert "Connection refused" in output or "Max retries exceeded" in output
     for argument_error in ("Unsupported parameters", "missing required arguments", "is not a valid", "argument spec"):
         assert argument_error not in output
+
+
+def test_scoring_strategy_reaches_the_extender_settings(tmp_path):
+    rendered = render_extender(
+        tmp_path,
+        "inventories/lab",
+        extra_vars={"gpu_extender_scoring_strategy": "auto", "gpu_extender_auto_pack_below": 0.3},
+    )
+    data = rendered["ConfigMap"]["data"]
+    assert (data["SCORING_STRATEGY"], data["AUTO_PACK_BELOW"], data["PACK_TARGET_UTIL"]) == ("auto", "0.3", "0.6")
+
+
+def test_a_pack_target_above_the_filter_threshold_is_refused(tmp_path):
+    result = run_extender(
+        tmp_path,
+        "inventories/lab",
+        {
+            "gpu_extender_scoring_strategy": "pack",
+            "gpu_extender_pack_target_util": 0.9,
+            "gpufleet_k8s_mode": "render",
+            "gpufleet_manifests_dir": str(tmp_path / "out"),
+        },
+    )
+    assert result.returncode != 0
+    assert "gpu_extender_pack_target_util below the GPU threshold (got 0.9 with pack)" in " ".join(
+        result.stdout.split()
+    )
+    assert not (tmp_path / "out" / "gpu_extender").exists()
