@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test lint sanity pytest molecule molecule-images system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test bench-mig bench-extender lint sanity pytest molecule molecule-images system-deps build clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
@@ -51,7 +51,7 @@ lab-reset:
 	rm -rf $(LAB_DIR)
 
 # --- the suite ---------------------------------------------------------------------------------------------
-test: venv collection-link lint build pytest sanity molecule
+test: venv collection-link lint build pytest bench-mig sanity molecule
 	@echo "make test: all checks passed"
 
 lint: venv collection-link
@@ -68,6 +68,14 @@ build: venv
 pytest: venv collection-link system-deps
 	pytest tests
 	cd extender && GPUFLEET_REQUIRE_PROMETHEUS=1 pytest
+
+# Benchmarks print figures (no timing asserts). bench-mig is quick and exits 1 if nvidia_mig ever destroys more
+# instances than the brute-force minimum, so the suite runs it; bench-extender takes minutes.
+bench-mig: venv collection-link
+	python benchmarks/mig_transitions.py --transitions 500 --seed 7
+
+bench-extender: venv
+	python extender/benchmarks/bench_extender.py
 
 sanity: venv
 	tests/sanity/run.sh
