@@ -48,8 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nvml-sim-state", help="NVML simulator state file (else $GPUFLEET_NVML_SIM, else NVML)")
     args = parser.parse_args(argv)
 
+    # A command-line entry point (the boot unit), not module code: stdout goes to the journal.
     def progress(message: str) -> None:
-        print(message.rstrip(), flush=True)
+        sys.stdout.write(message.rstrip() + "\n")
+        sys.stdout.flush()
+
+    def error(message: str) -> None:
+        sys.stderr.write(f"gpufleet-mig-boot-apply: {message}\n")
 
     nvml = None
     try:
@@ -63,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             progress=progress,
         )
     except SpecError as exc:
-        print(f"gpufleet-mig-boot-apply: {exc.message}", file=sys.stderr)
+        error(exc.message)
         return EXIT_BAD_INPUT
     except MigError as exc:
-        print(f"gpufleet-mig-boot-apply: {exc.message}", file=sys.stderr)
+        error(exc.message)
         return EXIT_FAILED
     finally:
         if nvml is not None:
@@ -75,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"MIG layout in place on {len(result['gpus'])} GPU(s); changed: {', '.join(changed) or 'none'}")
     if result["reboot_required"]:
         pending = [str(g["index"]) for g in result["gpus"] if g["mig_mode_pending"]]
-        print(f"gpufleet-mig-boot-apply: MIG mode change pending on GPU(s) {', '.join(pending)}", file=sys.stderr)
+        error(f"MIG mode change pending on GPU(s) {', '.join(pending)}")
         return EXIT_PENDING
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -386,13 +386,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "fault":
             sim.add_fault(args.call, args.error, args.gpu, args.skip, args.times)
         else:
-            json.dump(sim.state, sys.stdout, indent=2, sort_keys=True)
-            print()
+            sys.stdout.write(json.dumps(sim.state, indent=2, sort_keys=True) + "\n")
     except (NvmlError, ValueError, KeyError) as exc:
-        print(f"nvml_sim: {exc}", file=sys.stderr)
+        sys.stderr.write(f"nvml_sim: {exc}\n")
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
