@@ -1,9 +1,34 @@
-"""Read-only facts about every GPU (used by the nvidia_gpu_info module)."""
+"""Reading GPU state through the NVML interface: the instance reader shared with the planner's view
+(runner.read_gpu), and the read-only facts of the nvidia_gpu_info module."""
 
 from __future__ import annotations
 
-from .nvml import NvmlInterface
-from .planner import Catalog
+from dataclasses import dataclass
+
+from .nvml import GpuInstanceRecord, NvmlInterface
+from .planner import Catalog, ProfileInfo
+
+
+@dataclass(frozen=True)
+class InstanceReading:
+    """One GPU instance as NVML reports it, with its profile and each compute instance's MIG device UUID."""
+
+    record: GpuInstanceRecord
+    profile: ProfileInfo
+    ci_uuids: dict  # compute instance id -> MIG device UUID (None when NVML lists no device for it)
+
+
+def read_instances(nvml: NvmlInterface, index: int, catalog: Catalog) -> list[InstanceReading]:
+    """The GPU instances of a MIG-enabled GPU, over every profile of its catalog."""
+    uuids = {(d.gi_id, d.ci_id): d.uuid for d in nvml.mig_devices(index)}
+    return [
+        InstanceReading(
+            record,
+            catalog.by_id[record.profile_id],
+            {ci_id: uuids.get((record.gi_id, ci_id)) for ci_id, _slices in record.compute_instances},
+        )
+        for record in nvml.gpu_instances(index, [p.id for p in catalog.profiles])
+    ]
 
 
 def collect(nvml: NvmlInterface) -> list[dict]:
@@ -14,29 +39,27 @@ def collect(nvml: NvmlInterface) -> list[dict]:
         catalog = Catalog(nvml.gpu_instance_profiles(index))
         processes = nvml.running_processes(index)
         instances = []
-        if current:
-            uuids = {(d.gi_id, d.ci_id): d.uuid for d in nvml.mig_devices(index)}
-            for record in nvml.gpu_instances(index, [p.id for p in catalog.profiles]):
-                profile = catalog.by_id[record.profile_id]
-                instances.append(
-                    {
-                        "gpu_instance_id": record.gi_id,
-                        "profile": profile.name,
-                        "profile_id": record.profile_id,
-                        "start": record.start,
-                        "size": record.size,
-                        "memory_mib": profile.memory_mib,
-                        "compute_instances": [
-                            {
-                                "compute_instance_id": ci_id,
-                                "compute_slices": slices,
-                                "mig_device_uuid": uuids.get((record.gi_id, ci_id)),
-                            }
-                            for ci_id, slices in record.compute_instances
-                        ],
-                        "processes": sorted(p.pid for p in processes if p.gi_id == record.gi_id),
-                    }
-                )
+        for reading in read_instances(nvml, index, catalog) if current else []:
+            record, profile = reading.record, reading.profile
+            instances.append(
+                {
+                    "gpu_instance_id": record.gi_id,
+                    "profile": profile.name,
+                    "profile_id": record.profile_id,
+                    "start": record.start,
+                    "size": record.size,
+                    "memory_mib": profile.memory_mib,
+                    "compute_instances": [
+                        {
+                            "compute_instance_id": ci_id,
+                            "compute_slices": slices,
+                            "mig_device_uuid": reading.ci_uuids[ci_id],
+                        }
+                        for ci_id, slices in record.compute_instances
+                    ],
+                    "processes": sorted(p.pid for p in processes if p.gi_id == record.gi_id),
+                }
+            )
         gpus.append(
             {
                 "index": index,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .exceptions import ApplyError, NvmlError, SpecError
+from .gpu_info import read_instances
 from .nvml import ERROR_CODES, SUCCESS, NvmlInterface, error_name
 from .planner import Catalog, GpuPlan, GpuState, Instance, plan_gpu
 from .profile_tables import product_table
@@ -47,25 +48,23 @@ def read_gpu(nvml: NvmlInterface, index: int, catalog: Catalog) -> GpuState:
     current, pending = nvml.mig_mode(index)
     processes = nvml.running_processes(index)
     instances = []
-    if current:
-        uuids = {(d.gi_id, d.ci_id): d.uuid for d in nvml.mig_devices(index)}
-        for record in nvml.gpu_instances(index, [p.id for p in catalog.profiles]):
-            profile = catalog.by_id[record.profile_id]
-            full_ci = [ci_id for ci_id, slices in record.compute_instances if slices == profile.slice_count]
-            # We manage exactly one full-size compute instance per GPU instance; anything else is rebuilt.
-            complete = len(record.compute_instances) == 1 and bool(full_ci)
-            instances.append(
-                Instance(
-                    gi_id=record.gi_id,
-                    profile=profile.name,
-                    start=record.start,
-                    size=record.size,
-                    pids=tuple(sorted(p.pid for p in processes if p.gi_id == record.gi_id)),
-                    complete=complete,
-                    uuid=uuids.get((record.gi_id, full_ci[0])) if full_ci else None,
-                    compute_instance_ids=tuple(ci_id for ci_id, _slices in record.compute_instances),
-                )
+    for reading in read_instances(nvml, index, catalog) if current else []:
+        record, profile = reading.record, reading.profile
+        full_ci = [ci_id for ci_id, slices in record.compute_instances if slices == profile.slice_count]
+        # We manage exactly one full-size compute instance per GPU instance; anything else is rebuilt.
+        complete = len(record.compute_instances) == 1 and bool(full_ci)
+        instances.append(
+            Instance(
+                gi_id=record.gi_id,
+                profile=profile.name,
+                start=record.start,
+                size=record.size,
+                pids=tuple(sorted(p.pid for p in processes if p.gi_id == record.gi_id)),
+                complete=complete,
+                uuid=reading.ci_uuids[full_ci[0]] if full_ci else None,
+                compute_instance_ids=tuple(ci_id for ci_id, _slices in record.compute_instances),
             )
+        )
     return GpuState(
         index=index,
         uuid=identity.uuid,
