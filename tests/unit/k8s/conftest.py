@@ -40,8 +40,12 @@ def run_playbook(playbook: str, inventory: str, extra_vars: dict, tmp_path: Path
     )
 
 
-def render_roles(roles: list[str], tmp_path: Path, inventory: str = "inventories/lab", extra_vars=None) -> Path:
-    """Run the given roles on localhost in render mode; return the manifests directory."""
+def try_render(
+    roles: list[str], tmp_path: Path, inventory: str = "inventories/lab", extra_vars=None
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run the given roles on localhost in render mode; return the run and the manifests directory.
+
+    For tests that expect a refusal: they assert on the run's output and that nothing was rendered."""
     manifests = tmp_path / "manifests"
     playbook = tmp_path / "render.yml"
     playbook.write_text(
@@ -57,7 +61,12 @@ def render_roles(roles: list[str], tmp_path: Path, inventory: str = "inventories
         "ansible_python_interpreter": sys.executable,
     }
     all_vars.update(extra_vars or {})
-    result = run_playbook(str(playbook), inventory, all_vars, tmp_path)
+    return run_playbook(str(playbook), inventory, all_vars, tmp_path), manifests
+
+
+def render_roles(roles: list[str], tmp_path: Path, inventory: str = "inventories/lab", extra_vars=None) -> Path:
+    """Run the given roles on localhost in render mode; return the manifests directory (the test fails if it fails)."""
+    result, manifests = try_render(roles, tmp_path, inventory, extra_vars)
     if result.returncode != 0:
         pytest.fail(f"rendering {roles} failed:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}")
     return manifests

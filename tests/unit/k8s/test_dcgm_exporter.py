@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import closed_port_kubeconfig, load_manifests, render_roles, run_playbook, validate_manifests
+from conftest import closed_port_kubeconfig, load_manifests, render_roles, run_playbook, try_render, validate_manifests
 
 PROFILING = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 
@@ -98,19 +98,12 @@ def test_without_service_monitor_a_scrape_config_snippet_is_written(tmp_path):
 
 
 def test_a_counter_list_without_the_profiling_field_is_refused(tmp_path):
-    playbook = tmp_path / "p.yml"
-    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "roles": ["dcgm_exporter"]}]))
-    extra = {
-        "dcgm_exporter_counters": [{"field": "DCGM_FI_DEV_GPU_UTIL", "type": "gauge", "help": "util"}],
-        "gpufleet_k8s_mode": "render",
-        "gpufleet_manifests_dir": str(tmp_path / "out"),
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-    }
-    result = run_playbook(str(playbook), "inventories/lab", extra, tmp_path)
+    counters = [{"field": "DCGM_FI_DEV_GPU_UTIL", "type": "gauge", "help": "util"}]
+    result, manifests = try_render(["dcgm_exporter"], tmp_path, extra_vars={"dcgm_exporter_counters": counters})
     assert result.returncode != 0
     output = " ".join(result.stdout.split())
     assert f"dcgm_exporter_counters lacks {PROFILING}, DCGM_FI_DEV_FB_USED, DCGM_FI_DEV_FB_FREE" in output
+    assert not (manifests / "dcgm_exporter").exists()
 
 
 def test_apply_mode_reaches_for_the_api_with_valid_arguments(tmp_path):

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from urllib.parse import urlparse
 
 import pytest
 import yaml
-from conftest import load_manifests, render_roles, run_playbook, validate_manifests
+from conftest import load_manifests, render_roles, try_render, validate_manifests
 
 # descheduler v1alpha2 fields (pkg/api/v1alpha2/types.go, LowNodeUtilizationArgs, DefaultEvictorArgs).
 POLICY_FIELDS = {
@@ -293,22 +292,13 @@ def test_query_gives_each_gpu_node_its_slice_weighted_load(tmp_path):
 
 
 def test_bad_thresholds_fail_with_a_clear_message(tmp_path):
-    playbook = tmp_path / "p.yml"
-    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "roles": ["descheduler"]}]))
-    extra = {
-        "descheduler_low_threshold": 80,
-        "descheduler_target_threshold": 50,
-        "gpufleet_k8s_mode": "render",
-        "gpufleet_manifests_dir": str(tmp_path / "out"),
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-    }
-    result = run_playbook(str(playbook), "inventories/lab", extra, tmp_path)
+    thresholds = {"descheduler_low_threshold": 80, "descheduler_target_threshold": 50}
+    result, manifests = try_render(["descheduler"], tmp_path, extra_vars=thresholds)
     assert result.returncode != 0
     assert "Need 0 <= descheduler_low_threshold (80) <= descheduler_target_threshold (50) <= 100" in " ".join(
         result.stdout.split()
     )
-    assert not (tmp_path / "out" / "descheduler").exists()
+    assert not (manifests / "descheduler").exists()
 
 
 def render(tmp_path, pools, inventory="inventories/lab", **extra):
@@ -407,16 +397,7 @@ def test_policy_check_rejects_bad_high_node_utilization_args():
     ],
 )
 def test_bad_consolidation_settings_fail_with_a_clear_message(tmp_path, extra, message):
-    playbook = tmp_path / "p.yml"
-    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "roles": ["descheduler"]}]))
-    variables = {
-        **extra,
-        "gpufleet_k8s_mode": "render",
-        "gpufleet_manifests_dir": str(tmp_path / "out"),
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-    }
-    result = run_playbook(str(playbook), "inventories/lab", variables, tmp_path)
+    result, manifests = try_render(["descheduler"], tmp_path, extra_vars=extra)
     assert result.returncode != 0
     assert message in " ".join(result.stdout.split())
-    assert not (tmp_path / "out" / "descheduler").exists()
+    assert not (manifests / "descheduler").exists()

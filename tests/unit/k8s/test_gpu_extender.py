@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import closed_port_kubeconfig, load_manifests, render_roles, run_playbook, validate_manifests
+from conftest import closed_port_kubeconfig, load_manifests, render_roles, run_playbook, try_render, validate_manifests
 
 SELECTOR = {"app.kubernetes.io/name": "gpufleet-extender", "app.kubernetes.io/component": "scheduler-extender"}
 
@@ -286,18 +286,10 @@ def test_scoring_strategy_reaches_the_extender_settings(tmp_path):
 
 
 def test_a_pack_target_above_the_filter_threshold_is_refused(tmp_path):
-    result = run_extender(
-        tmp_path,
-        "inventories/lab",
-        {
-            "gpu_extender_scoring_strategy": "pack",
-            "gpu_extender_pack_target_util": 0.9,
-            "gpufleet_k8s_mode": "render",
-            "gpufleet_manifests_dir": str(tmp_path / "out"),
-        },
-    )
+    settings = {"gpu_extender_scoring_strategy": "pack", "gpu_extender_pack_target_util": 0.9}
+    result, manifests = try_render(["gpu_extender"], tmp_path, extra_vars=settings)
     assert result.returncode != 0
     assert "gpu_extender_pack_target_util below the GPU threshold (got 0.9 with pack)" in " ".join(
         result.stdout.split()
     )
-    assert not (tmp_path / "out" / "gpu_extender").exists()
+    assert not (manifests / "gpu_extender").exists()
