@@ -1,0 +1,62 @@
+"""The Go GPUScore plugin's vector file is what scoring.py decides today: regenerate it and compare byte for byte.
+
+When this fails after a change of the decision code, regenerate the file and run the plugin's tests:
+``python -m gpufleet_extender.conformance ../k8s/gpuscore/testdata/vectors.json && cd ../k8s && go test ./gpuscore/``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpufleet_extender import conformance
+
+VECTORS = Path(__file__).resolve().parents[2] / "k8s" / "gpuscore" / "testdata" / "vectors.json"
+
+
+def test_committed_vectors_are_what_scoring_py_decides_now():
+    assert VECTORS.is_file(), f"{VECTORS} is missing: the extender is tested inside the repository"
+    committed = VECTORS.read_text(encoding="utf-8")
+    regenerated = conformance.render(conformance.build())
+    if committed != regenerated:
+        pytest.fail(
+            "k8s/gpuscore/testdata/vectors.json differs from what scoring.py decides now; regenerate it with "
+            "`python -m gpufleet_extender.conformance ../k8s/gpuscore/testdata/vectors.json` and run "
+            "`go test ./gpuscore/` in k8s/"
+        )
+
+
+def test_generation_ignores_the_environment(monkeypatch):
+    baseline = conformance.render(conformance.build(seed=3))
+    monkeypatch.setenv("GPU_UTIL_THRESHOLD", "0.3")
+    assert conformance.render(conformance.build(seed=3)) == baseline
+
+
+def test_vectors_cover_every_outcome_strategy_and_section():
+    vectors = json.loads(VECTORS.read_text(encoding="utf-8"))
+    outcomes = {verdict[2] for case in vectors["decisions"] for verdict in case["expect"].values()}
+    assert outcomes == {
+        "pass",
+        "no_gpu_request",
+        "overloaded",
+        "missing_metrics_allowed",
+        "missing_metrics_denied",
+        "tenant_mismatch",
+    }
+    assert {case["args"]["scoringStrategy"] for case in vectors["decisions"]} == {"spread", "pack", "auto"}
+    assert any(
+        "taken by pods bound since the last sample" in v[3] for c in vectors["decisions"] for v in c["expect"].values()
+    )
+    assert {True, False} == {case["valid"] for case in vectors["args"]}
+    assert any(step["changed"] for case in vectors["auto"] for step in case["steps"])
+    hosts = {label for case in vectors["prometheus"] for item in case["series"] for label in item["metric"]}
+    assert {"Hostname", "hostname", "GPU_I_PROFILE"} <= hosts
+    assert VECTORS.stat().st_size < 1_000_000
+
+
+def test_arg_names_cover_the_settings_that_change_decisions():
+    # A new setting of the extender must get a plugin argument (or a reason here why it does not).
+    not_for_the_plugin = {"METRICS_SOURCE", "METRICS_FILE", "MAX_BODY_BYTES", "KUBE_API"}
+    assert set(conformance.ARG_NAMES) == set(conformance.Settings.model_fields) - not_for_the_plugin

@@ -1,0 +1,174 @@
+package gpuscore
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
+)
+
+// Args are GPUScore's pluginConfig args: the seed's prometheusURL, weightGPUUtil and weightMemUtil plus the
+// extender's other settings under the same meaning (extender setting in brackets; defaults are the extender's).
+type Args struct {
+	PrometheusURL            string   `json:"prometheusURL"`            // PROMETHEUS_URL
+	PrometheusTimeoutSeconds float64  `json:"prometheusTimeoutSeconds"` // PROMETHEUS_TIMEOUT_SECONDS
+	GPUUtilThreshold         float64  `json:"gpuUtilThreshold"`         // GPU_UTIL_THRESHOLD: filter at or above
+	MemUtilThreshold         float64  `json:"memUtilThreshold"`         // MEM_UTIL_THRESHOLD
+	WeightGPUUtil            float64  `json:"weightGPUUtil"`            // WEIGHT_GPU_UTIL
+	WeightMemUtil            float64  `json:"weightMemUtil"`            // WEIGHT_MEM_UTIL
+	MetricsRefreshSeconds    float64  `json:"metricsRefreshSeconds"`    // METRICS_REFRESH_SECONDS
+	MetricsMaxAgeSeconds     float64  `json:"metricsMaxAgeSeconds"`     // METRICS_MAX_AGE_SECONDS (0: never stale)
+	OnMissingMetrics         string   `json:"onMissingMetrics"`         // ON_MISSING_METRICS: allow | deny
+	NodeNameLabels           []string `json:"nodeNameLabels"`           // NODE_NAME_LABELS
+	TenantLabel              string   `json:"tenantLabel"`              // TENANT_LABEL
+	TenantPools              bool     `json:"tenantPools"`              // TENANT_POOLS
+	InflightMaxSeconds       float64  `json:"inflightMaxSeconds"`       // INFLIGHT_MAX_SECONDS
+	ScoringStrategy          Strategy `json:"scoringStrategy"`          // SCORING_STRATEGY: spread | pack | auto
+	PackTargetUtil           float64  `json:"packTargetUtil"`           // PACK_TARGET_UTIL
+	AutoPackBelow            float64  `json:"autoPackBelow"`            // AUTO_PACK_BELOW
+	AutoHysteresis           float64  `json:"autoHysteresis"`           // AUTO_HYSTERESIS
+}
+
+// DefaultArgs are the extender's defaults (config.Settings).
+func DefaultArgs() Args {
+	return Args{
+		PrometheusURL:            "http://127.0.0.1:9090",
+		PrometheusTimeoutSeconds: 2,
+		GPUUtilThreshold:         0.8,
+		MemUtilThreshold:         0.9,
+		WeightGPUUtil:            0.7,
+		WeightMemUtil:            0.3,
+		MetricsRefreshSeconds:    5,
+		MetricsMaxAgeSeconds:     30,
+		OnMissingMetrics:         "allow",
+		NodeNameLabels:           []string{"Hostname", "hostname"},
+		TenantLabel:              "gpufleet.io/tenant",
+		TenantPools:              true,
+		InflightMaxSeconds:       120,
+		ScoringStrategy:          StrategySpread,
+		PackTargetUtil:           0.6,
+		AutoPackBelow:            0.4,
+		AutoHysteresis:           0.1,
+	}
+}
+
+// DecodeArgs reads the plugin's args (nil: all defaults) strictly: an unknown or mistyped field is an error,
+// so a typo does not silently fall back to a default.
+func DecodeArgs(obj runtime.Object) (Args, error) {
+	args := DefaultArgs()
+	if obj == nil {
+		return args, nil
+	}
+	unknown, ok := obj.(*runtime.Unknown)
+	if !ok {
+		return args, fmt.Errorf("want args of type runtime.Unknown, got %T", obj)
+	}
+	raw := unknown.Raw
+	if len(raw) == 0 {
+		return args, nil
+	}
+	if unknown.ContentType == runtime.ContentTypeYAML {
+		converted, err := yaml.YAMLToJSON(raw)
+		if err != nil {
+			return args, err
+		}
+		raw = converted
+	}
+	return args, decodeStrict(raw, &args)
+}
+
+func decodeStrict(raw []byte, into *Args) error {
+	decoder := json.NewDecoder(bytes.NewReader(raw))
+	decoder.DisallowUnknownFields()
+	if err := decoder.Decode(into); err != nil {
+		return err
+	}
+	if decoder.More() {
+		return errors.New("unexpected data after the args object")
+	}
+	return nil
+}
+
+// Validate applies the extender's Settings rules; the error lists every problem.
+func (a *Args) Validate() error {
+	var problems []string
+	bad := func(format string, values ...any) { problems = append(problems, fmt.Sprintf(format, values...)) }
+	inRange := func(name string, value, low, high float64, lowOpen, highOpen bool) {
+		if math.IsNaN(value) || (lowOpen && value <= low) || (!lowOpen && value < low) ||
+			(highOpen && value >= high) || (!highOpen && value > high) {
+			left, right := "[", "]"
+			if lowOpen {
+				left = "("
+			}
+			if highOpen {
+				right = ")"
+			}
+			bad("%s: %g is not in %s%g, %g%s", name, value, left, low, high, right)
+		}
+	}
+	if !strings.HasPrefix(a.PrometheusURL, "http://") && !strings.HasPrefix(a.PrometheusURL, "https://") {
+		bad("prometheusURL: must start with http:// or https:// (got %q)", a.PrometheusURL)
+	}
+	inRange("prometheusTimeoutSeconds", a.PrometheusTimeoutSeconds, 0, 60, true, false)
+	inRange("gpuUtilThreshold", a.GPUUtilThreshold, 0, 1, true, false)
+	inRange("memUtilThreshold", a.MemUtilThreshold, 0, 1, true, false)
+	inRange("weightGPUUtil", a.WeightGPUUtil, 0, 1, false, false)
+	inRange("weightMemUtil", a.WeightMemUtil, 0, 1, false, false)
+	inRange("metricsRefreshSeconds", a.MetricsRefreshSeconds, 0, 3600, true, false)
+	inRange("metricsMaxAgeSeconds", a.MetricsMaxAgeSeconds, 0, math.Inf(1), false, false)
+	inRange("inflightMaxSeconds", a.InflightMaxSeconds, 0, math.Inf(1), true, false)
+	inRange("packTargetUtil", a.PackTargetUtil, 0, 1, true, true)
+	inRange("autoPackBelow", a.AutoPackBelow, 0, 1, true, true)
+	inRange("autoHysteresis", a.AutoHysteresis, 0, 1, false, true)
+	if a.OnMissingMetrics != "allow" && a.OnMissingMetrics != "deny" {
+		bad("onMissingMetrics: must be allow or deny (got %q)", a.OnMissingMetrics)
+	}
+	if len(a.NodeNameLabels) == 0 {
+		bad("nodeNameLabels: needs at least one label name, e.g. [Hostname, hostname]")
+	}
+	switch a.ScoringStrategy {
+	case StrategySpread, StrategyPack, StrategyAuto:
+	default:
+		bad("scoringStrategy: must be spread, pack or auto (got %q)", a.ScoringStrategy)
+	}
+	if len(problems) > 0 {
+		// The rules below compare fields: like the extender, check them only once each field is valid.
+		return errors.New(strings.Join(problems, "; "))
+	}
+	// The score is 10 x (1 - load); load stays in 0..1 only when the weights add up to 1.
+	if total := a.WeightGPUUtil + a.WeightMemUtil; math.Abs(total-1) > 1e-6 {
+		bad("weightGPUUtil + weightMemUtil must be 1.0 (got %g + %g = %g)", a.WeightGPUUtil, a.WeightMemUtil, total)
+	} else if a.ScoringStrategy != StrategySpread && a.PackTargetUtil >= a.GPUUtilThreshold {
+		// Packing aims below the filter's threshold, or it would rank highest the nodes about to be refused.
+		bad("packTargetUtil (%g) must be below gpuUtilThreshold (%g) with scoringStrategy %s",
+			a.PackTargetUtil, a.GPUUtilThreshold, a.ScoringStrategy)
+	} else if a.ScoringStrategy == StrategyAuto && a.AutoPackBelow+a.AutoHysteresis >= 1 {
+		bad("autoPackBelow + autoHysteresis must be below 1 (got %g + %g): auto would never spread",
+			a.AutoPackBelow, a.AutoHysteresis)
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// Policy is the decision policy these args describe.
+func (a *Args) Policy() Policy {
+	return Policy{
+		GPUUtilThreshold: a.GPUUtilThreshold,
+		MemUtilThreshold: a.MemUtilThreshold,
+		WeightGPUUtil:    a.WeightGPUUtil,
+		WeightMemUtil:    a.WeightMemUtil,
+		MaxAgeSeconds:    a.MetricsMaxAgeSeconds,
+		DenyMissing:      a.OnMissingMetrics == "deny",
+		Strategy:         a.ScoringStrategy,
+		PackTargetUtil:   a.PackTargetUtil,
+		AutoPackBelow:    a.AutoPackBelow,
+		AutoHysteresis:   a.AutoHysteresis,
+	}
+}

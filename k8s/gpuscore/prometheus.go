@@ -1,0 +1,224 @@
+package gpuscore
+
+// Metrics off the scheduling path: Refresher polls Prometheus every metricsRefreshSeconds in its own goroutine
+// and swaps in an immutable view; Filter and Score only load the current pointer. The queries are the
+// extender's (metrics_source.PrometheusSource): the dcgm series, and the newest sample time per node, since an
+// instant query's own timestamp is the evaluation time, not the scrape's.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// PrometheusSource reads dcgm-exporter series through Prometheus' HTTP API.
+type PrometheusSource struct {
+	baseURL     string
+	client      *http.Client
+	nodeLabels  []string
+	seriesQuery string
+	timesQuery  string
+}
+
+func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Duration) *PrometheusSource {
+	parts := make([]string, len(DCGMMetrics))
+	by := strings.Join(nodeLabels, ", ")
+	for i, metric := range DCGMMetrics {
+		// timestamp() drops the metric name: one max-by per metric joined with `or` keeps label sets unique.
+		parts[i] = fmt.Sprintf("max by (%s) (timestamp(%s))", by, metric)
+	}
+	return &PrometheusSource{
+		baseURL:     strings.TrimRight(baseURL, "/"),
+		client:      &http.Client{Timeout: timeout},
+		nodeLabels:  nodeLabels,
+		seriesQuery: `{__name__=~"` + strings.Join(DCGMMetrics, "|") + `"}`,
+		timesQuery:  strings.Join(parts, " or "),
+	}
+}
+
+// promSample is one element of an instant vector: {"metric": {...}, "value": [<time>, "<value>"]}.
+type promSample struct {
+	Metric map[string]string `json:"metric"`
+	Value  []json.RawMessage `json:"value"`
+}
+
+func (s promSample) value() (float64, bool) {
+	if len(s.Value) != 2 {
+		return 0, false
+	}
+	var text string
+	if json.Unmarshal(s.Value[1], &text) != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(text, 64)
+	return v, err == nil
+}
+
+func (p *PrometheusSource) query(ctx context.Context, promql string) ([]promSample, error) {
+	request, err := http.NewRequestWithContext(ctx, http.MethodGet, p.baseURL+"/api/v1/query?query="+url.QueryEscape(promql), nil)
+	if err != nil {
+		return nil, err
+	}
+	response, err := p.client.Do(request)
+	if err != nil {
+		return nil, fmt.Errorf("Prometheus unreachable: %w", err)
+	}
+	defer response.Body.Close()
+	body, err := io.ReadAll(response.Body)
+	if err != nil {
+		return nil, fmt.Errorf("Prometheus answer unreadable: %w", err)
+	}
+	var payload struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			ResultType string       `json:"resultType"`
+			Result     []promSample `json:"result"`
+		} `json:"data"`
+	}
+	if json.Unmarshal(body, &payload) != nil {
+		return nil, fmt.Errorf("Prometheus answered HTTP %d without JSON", response.StatusCode)
+	}
+	if response.StatusCode != http.StatusOK || payload.Status != "success" {
+		return nil, fmt.Errorf("Prometheus query failed (HTTP %d): %s", response.StatusCode, payload.Error)
+	}
+	if payload.Data.ResultType != "vector" {
+		return nil, fmt.Errorf("Prometheus returned %q, expected a vector", payload.Data.ResultType)
+	}
+	return payload.Data.Result, nil
+}
+
+// Fetch queries both vectors and builds the snapshot numbered version.
+func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*Snapshot, error) {
+	queriedAt := nowSeconds()
+	var series, times []promSample
+	var seriesErr, timesErr error
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); series, seriesErr = p.query(ctx, p.seriesQuery) }()
+	go func() { defer wg.Done(); times, timesErr = p.query(ctx, p.timesQuery) }()
+	wg.Wait()
+	if seriesErr != nil {
+		return nil, seriesErr
+	}
+	if timesErr != nil {
+		return nil, timesErr
+	}
+	return buildFromProm(series, times, p.nodeLabels, queriedAt, version), nil
+}
+
+// buildFromProm is metrics_source.PrometheusSource._build: unparsable values are skipped.
+func buildFromProm(series, times []promSample, nodeLabels []string, queriedAt float64, version uint64) *Snapshot {
+	samples := make([]Sample, 0, len(series))
+	for _, item := range series {
+		if v, ok := item.value(); ok {
+			samples = append(samples, Sample{Name: item.Metric["__name__"], Labels: item.Metric, Value: v})
+		}
+	}
+	nodeTimes := map[string]float64{}
+	for _, item := range times {
+		node := nodeNameOf(item.Metric, nodeLabels)
+		stamp, ok := item.value()
+		if node == "" || !ok || math.IsNaN(stamp) || math.IsInf(stamp, 0) {
+			continue
+		}
+		if t, seen := nodeTimes[node]; !seen || stamp > t {
+			nodeTimes[node] = stamp
+		}
+	}
+	return BuildSnapshot(samples, nodeLabels, queriedAt, nodeTimes, version)
+}
+
+func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }
+
+// Source is where snapshots come from (Prometheus in production, a fake in tests).
+type Source interface {
+	Fetch(ctx context.Context, version uint64) (*Snapshot, error)
+}
+
+// View is what one refresh publishes: the snapshot and, with scoringStrategy auto, the modes it moved to.
+type View struct {
+	Snapshot *Snapshot
+	Modes    map[string]Mode // nil unless auto
+}
+
+var emptyView = &View{Snapshot: &Snapshot{Nodes: map[string]*NodeMetrics{}}}
+
+// Refresher owns the current View. Errors keep the previous snapshot, which then ages into staleness.
+type Refresher struct {
+	source   Source
+	every    time.Duration
+	policy   Policy
+	selector *ModeSelector // auto only
+	current  atomic.Pointer[View]
+
+	lastError string
+}
+
+func NewRefresher(source Source, every time.Duration, policy Policy) *Refresher {
+	r := &Refresher{source: source, every: every, policy: policy}
+	if policy.Strategy == StrategyAuto {
+		r.selector = &ModeSelector{PackBelow: policy.AutoPackBelow, Hysteresis: policy.AutoHysteresis}
+	}
+	r.current.Store(emptyView)
+	return r
+}
+
+// View is the current view; never nil.
+func (r *Refresher) View() *View { return r.current.Load() }
+
+// RefreshOnce polls the source once; errors are logged when they change, never returned to the scheduler.
+func (r *Refresher) RefreshOnce(ctx context.Context) bool {
+	logger := klog.FromContext(ctx)
+	snapshot, err := r.source.Fetch(ctx, r.View().Snapshot.Version+1)
+	if err != nil {
+		if err.Error() != r.lastError {
+			logger.Info("GPUScore: metrics source failed; decisions use the previous snapshot until it ages out", "err", err)
+		}
+		r.lastError = err.Error()
+		return false
+	}
+	if r.lastError != "" {
+		logger.Info("GPUScore: metrics source answers again")
+	}
+	r.lastError = ""
+	view := &View{Snapshot: snapshot}
+	if r.selector != nil {
+		// auto moves once per new snapshot, never per pod (scoring.ModeSelector, as the extender's service).
+		changed := r.selector.Update(FleetMeanLoad(snapshot, &r.policy, nowSeconds()))
+		if len(changed) > 0 {
+			logger.Info("GPUScore: scoring mode changed", "modes", changed)
+		}
+		view.Modes = make(map[string]Mode, len(r.selector.Modes))
+		for resource, mode := range r.selector.Modes {
+			view.Modes[resource] = mode
+		}
+	}
+	r.current.Store(view)
+	return true
+}
+
+// Run polls until ctx ends.
+func (r *Refresher) Run(ctx context.Context) {
+	ticker := time.NewTicker(r.every)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			r.RefreshOnce(ctx)
+		}
+	}
+}

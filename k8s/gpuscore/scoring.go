@@ -1,0 +1,405 @@
+package gpuscore
+
+// The placement decision, ported from the extender's scoring.py, which stays the specification: every function
+// here has its Python twin of the same name, and testdata/vectors.json (generated from scoring.py) pins the two
+// together, reasons and float rounding included.
+//
+// Float arithmetic follows the Python expression by expression. float64(...) around each product keeps the Go
+// compiler from fusing a*b+c into one FMA instruction (allowed on arm64 and others), which rounds differently.
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+)
+
+const (
+	MinScore     = 0
+	MaxScore     = 10 // kube-scheduler's MaxExtenderPriority: the extender's scale
+	NeutralScore = 5
+)
+
+// Strategy is SCORING_STRATEGY / scoringStrategy.
+type Strategy string
+
+const (
+	StrategySpread Strategy = "spread"
+	StrategyPack   Strategy = "pack"
+	StrategyAuto   Strategy = "auto"
+)
+
+// Mode is the ranking in force for one resource.
+type Mode string
+
+const (
+	ModeSpread Mode = "spread"
+	ModePack   Mode = "pack"
+)
+
+// Outcome says why a node got its verdict (the extender's decisions metric label).
+type Outcome string
+
+const (
+	OutcomePass           Outcome = "pass"
+	OutcomeNoGPURequest   Outcome = "no_gpu_request"
+	OutcomeOverloaded     Outcome = "overloaded"
+	OutcomeMissingAllowed Outcome = "missing_metrics_allowed"
+	OutcomeMissingDenied  Outcome = "missing_metrics_denied"
+	OutcomeTenantMismatch Outcome = "tenant_mismatch"
+)
+
+// Policy holds what a verdict depends on besides the inputs (scoring.Policy).
+type Policy struct {
+	GPUUtilThreshold float64
+	MemUtilThreshold float64
+	WeightGPUUtil    float64
+	WeightMemUtil    float64
+	MaxAgeSeconds    float64 // 0: samples never go stale
+	DenyMissing      bool
+	Strategy         Strategy
+	PackTargetUtil   float64
+	AutoPackBelow    float64
+	AutoHysteresis   float64
+}
+
+func (p *Policy) modeFor(resource string, modes map[string]Mode) Mode {
+	if p.Strategy == StrategyPack {
+		return ModePack
+	}
+	if p.Strategy == StrategyAuto && len(modes) > 0 {
+		if mode, ok := modes[resource]; ok {
+			return mode
+		}
+	}
+	return ModeSpread
+}
+
+func (p *Policy) missingPolicyName() string {
+	if p.DenyMissing {
+		return "deny"
+	}
+	return "allow"
+}
+
+// Device is the load of one GPU or MIG instance: Util and Mem in 0..1, HasMem false when FB metrics are missing.
+type Device struct {
+	Key    string
+	Util   float64
+	Mem    float64
+	HasMem bool
+}
+
+// NodeMetrics is one node of a snapshot: devices per extended resource name, sorted by key.
+type NodeMetrics struct {
+	Name       string
+	SampleTime float64 // newest sample, unix seconds
+	Devices    map[string][]Device
+}
+
+// Snapshot is an immutable view of the fleet's load; Order keeps the nodes in the order the source listed them
+// (the fleet mean adds them up in that order, as Python's dict does).
+type Snapshot struct {
+	Nodes        map[string]*NodeMetrics
+	Order        []string
+	NewestSample float64 // 0 with no node
+	Version      uint64
+}
+
+// ResourceRequest is count devices of one extended resource; a GPURequest is sorted by resource name.
+type ResourceRequest struct {
+	Resource string
+	Count    int
+}
+
+// Verdict is the filter verdict and the 0..10 score of one node.
+type Verdict struct {
+	Passed  bool
+	Score   int
+	Outcome Outcome
+	Reason  string
+}
+
+var noGPUVerdict = Verdict{true, NeutralScore, OutcomeNoGPURequest, ""}
+
+// DeviceLoad is w_util x util + w_mem x mem, 0..1.
+func DeviceLoad(d Device, p *Policy) float64 {
+	mem := 0.0
+	if d.HasMem {
+		mem = d.Mem
+	}
+	return float64(p.WeightGPUUtil*d.Util) + float64(p.WeightMemUtil*mem)
+}
+
+func belowThresholds(d Device, p *Policy) bool {
+	return d.Util < p.GPUUtilThreshold && (!d.HasMem || d.Mem < p.MemUtilThreshold)
+}
+
+// byLoad returns the devices least-loaded first, ties broken by key (Python sorts (load, key) tuples).
+func byLoad(devices []Device, p *Policy) []Device {
+	type keyed struct {
+		load float64
+		d    Device
+	}
+	entries := make([]keyed, len(devices))
+	for i, d := range devices {
+		entries[i] = keyed{DeviceLoad(d, p), d}
+	}
+	sort.Slice(entries, func(i, j int) bool {
+		if entries[i].load != entries[j].load {
+			return entries[i].load < entries[j].load
+		}
+		return entries[i].d.Key < entries[j].d.Key
+	})
+	ranked := make([]Device, len(entries))
+	for i, e := range entries {
+		ranked[i] = e.d
+	}
+	return ranked
+}
+
+// pyRound is Python's round() to an int: halves go to the even neighbour.
+func pyRound(x float64) int { return int(math.RoundToEven(x)) }
+
+func clampScore(x float64) int { return max(MinScore, min(MaxScore, pyRound(x))) }
+
+// ScoreDevices is the spread score: 10 x (1 - mean load) over count devices, missing devices counting as full.
+func ScoreDevices(devices []Device, count int, p *Policy) int {
+	if count <= 0 {
+		return NeutralScore
+	}
+	total := 0.0
+	for _, d := range devices {
+		total += DeviceLoad(d, p)
+	}
+	total += float64(max(0, count-len(devices)))
+	return clampScore(MaxScore * (1.0 - total/float64(count)))
+}
+
+// PackScore is TargetLoadPacking's curve on 0..10: rising to 10 at target, falling to 0 at full load.
+func PackScore(load, target float64) int {
+	load = min(1.0, max(0.0, load))
+	var raw float64
+	if load <= target {
+		raw = (1.0-target)*load/target + target
+	} else {
+		raw = target * (1.0 - load) / (1.0 - target)
+	}
+	return clampScore(MaxScore * raw)
+}
+
+func rankedMeanLoad(ranked []Device, p *Policy, assumed int) float64 {
+	taken := min(assumed, len(ranked)) // in-flight pods took the least-loaded devices
+	sum := 0.0
+	for _, d := range ranked[taken:] {
+		sum += DeviceLoad(d, p)
+	}
+	return (float64(taken) + sum) / float64(len(ranked))
+}
+
+func deviceWord(resource string) string {
+	if resource == WholeGPUResource {
+		return "GPU"
+	}
+	return "instance"
+}
+
+// pyG formats like Python's "{:g}" (6 significant digits, no trailing zeros).
+func pyG(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
+
+func figures(d Device, p *Policy) string {
+	util := fmt.Sprintf("util %.2f", d.Util)
+	if d.Util >= p.GPUUtilThreshold {
+		util += fmt.Sprintf(" > %.2f", p.GPUUtilThreshold)
+	}
+	if !d.HasMem {
+		return util + ", mem n/a"
+	}
+	mem := fmt.Sprintf("mem %.2f", d.Mem)
+	if d.Mem >= p.MemUtilThreshold {
+		mem += fmt.Sprintf(" > %.2f", p.MemUtilThreshold)
+	}
+	return util + ", " + mem
+}
+
+func missing(node, why string, p *Policy) Verdict {
+	reason := fmt.Sprintf("%s: %s (ON_MISSING_METRICS=%s)", node, why, p.missingPolicyName())
+	if p.DenyMissing {
+		return Verdict{false, MinScore, OutcomeMissingDenied, reason}
+	}
+	return Verdict{true, NeutralScore, OutcomeMissingAllowed, reason}
+}
+
+func evaluateResource(node string, devices []Device, want ResourceRequest, p *Policy, assumed int, mode Mode) Verdict {
+	ranked := byLoad(devices, p)
+	available := ranked[min(assumed, len(ranked)):]
+	anyBelow := false
+	for _, d := range available {
+		if belowThresholds(d, p) {
+			anyBelow = true
+			break
+		}
+	}
+	if !anyBelow {
+		taken := ""
+		if assumed > 0 {
+			taken = fmt.Sprintf("; %d taken by pods bound since the last sample", assumed)
+		}
+		best := fmt.Sprintf("all %d assumed busy", len(ranked))
+		if len(available) > 0 {
+			best = "best: " + figures(available[0], p)
+		}
+		return Verdict{false, MinScore, OutcomeOverloaded,
+			fmt.Sprintf("%s: no %s %s below thresholds (%s%s)", node, want.Resource, deviceWord(want.Resource), best, taken)}
+	}
+	strategy := ""
+	if p.Strategy == StrategyAuto {
+		strategy = fmt.Sprintf(" (SCORING_STRATEGY=%s)", p.Strategy)
+	}
+	if mode == ModePack {
+		load := rankedMeanLoad(ranked, p, assumed)
+		score := PackScore(load, p.PackTargetUtil)
+		return Verdict{true, score, OutcomePass, fmt.Sprintf("%s: pack%s: %s load %.2f, target %.2f, score %d",
+			node, strategy, want.Resource, load, p.PackTargetUtil, score)}
+	}
+	score := ScoreDevices(available[:min(want.Count, len(available))], want.Count, p)
+	return Verdict{true, score, OutcomePass, fmt.Sprintf("%s: spread%s: %s score %d", node, strategy, want.Resource, score)}
+}
+
+// EvaluateNode is the filter verdict and score of node for a pod asking for request (scoring.evaluate_node).
+// metrics is nil for a node without metrics; assumed counts in-flight pods' devices per resource; modes is
+// auto's choice per resource (fixed strategies ignore it).
+func EvaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, p *Policy, now float64,
+	assumed map[string]int, modes map[string]Mode) Verdict {
+	if len(request) == 0 {
+		return noGPUVerdict
+	}
+	if metrics == nil {
+		return missing(node, "no GPU metrics for this node", p)
+	}
+	age := now - metrics.SampleTime
+	if p.MaxAgeSeconds > 0 && age > p.MaxAgeSeconds {
+		return missing(node, fmt.Sprintf("GPU metrics are %.0fs old (max %ss)", age, pyG(p.MaxAgeSeconds)), p)
+	}
+	var verdict *Verdict
+	for _, want := range request {
+		var part Verdict
+		devices := metrics.Devices[want.Resource]
+		if len(devices) == 0 {
+			part = missing(node, fmt.Sprintf("no %s %s in the metrics", want.Resource, deviceWord(want.Resource)), p)
+		} else {
+			part = evaluateResource(node, devices, want, p, assumed[want.Resource], p.modeFor(want.Resource, modes))
+		}
+		if !part.Passed {
+			return part
+		}
+		if verdict == nil || part.Score < verdict.Score {
+			verdict = &part
+		}
+	}
+	return *verdict
+}
+
+// FleetMeanLoad is the mean DeviceLoad per resource over every device with a fresh sample.
+func FleetMeanLoad(s *Snapshot, p *Policy, now float64) map[string]float64 {
+	type acc struct {
+		total float64
+		count int
+	}
+	totals := map[string]*acc{}
+	for _, name := range s.Order {
+		metrics := s.Nodes[name]
+		if p.MaxAgeSeconds > 0 && now-metrics.SampleTime > p.MaxAgeSeconds {
+			continue // a stale node says nothing about the fleet now
+		}
+		for resource, devices := range metrics.Devices {
+			entry := totals[resource]
+			if entry == nil {
+				entry = &acc{}
+				totals[resource] = entry
+			}
+			sum := 0.0 // Python adds each node's devices first, then the node's sum to the total
+			for _, d := range devices {
+				sum += DeviceLoad(d, p)
+			}
+			entry.total += sum
+			entry.count += len(devices)
+		}
+	}
+	loads := make(map[string]float64, len(totals))
+	for resource, entry := range totals {
+		if entry.count > 0 {
+			loads[resource] = entry.total / float64(entry.count)
+		}
+	}
+	return loads
+}
+
+// NextMode is auto's rule: pack below packBelow, spread above packBelow + hysteresis, else keep current
+// ("" = no mode yet: spread, the safe default).
+func NextMode(current Mode, load, packBelow, hysteresis float64) Mode {
+	if load < packBelow {
+		return ModePack
+	}
+	if load > packBelow+hysteresis || current == "" {
+		return ModeSpread
+	}
+	return current
+}
+
+// ModeSelector is auto's state: the mode per resource, moved on by each new snapshot. Not safe for concurrent
+// use: the refresher owns it and publishes copies of Modes.
+type ModeSelector struct {
+	PackBelow, Hysteresis float64
+	Modes                 map[string]Mode
+}
+
+// Update applies a new fleet load and returns the resources whose mode changed.
+func (m *ModeSelector) Update(fleetLoad map[string]float64) map[string]Mode {
+	if m.Modes == nil {
+		m.Modes = map[string]Mode{}
+	}
+	changed := map[string]Mode{}
+	for resource, load := range fleetLoad {
+		previous := m.Modes[resource]
+		mode := NextMode(previous, load, m.PackBelow, m.Hysteresis)
+		if mode != previous {
+			changed[resource] = mode
+		}
+		m.Modes[resource] = mode
+	}
+	return changed
+}
+
+// TenantMismatch is the reason a GPU pod from namespace may not use node's tenant pool, "" when it may.
+// Unlabelled nodes are shared; hasNamespaceTenant false means the namespace has no tenant.
+func TenantMismatch(node, nodeTenant, namespace, namespaceTenant string) string {
+	if nodeTenant == "" || nodeTenant == namespaceTenant {
+		return ""
+	}
+	owner := "no tenant"
+	if namespaceTenant != "" {
+		owner = "tenant " + namespaceTenant
+	}
+	return fmt.Sprintf("%s: node is in tenant pool %s; namespace %s belongs to %s", node, pyRepr(nodeTenant), pyRepr(namespace), owner)
+}
+
+// pyRepr quotes s as Python's repr() does for the label values Kubernetes allows (no quotes or escapes inside).
+func pyRepr(s string) string {
+	if !containsRune(s, '\'') {
+		return "'" + s + "'"
+	}
+	if !containsRune(s, '"') {
+		return `"` + s + `"`
+	}
+	return strconv.Quote(s)
+}
+
+func containsRune(s string, r rune) bool {
+	for _, c := range s {
+		if c == r {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,260 @@
+package gpuscore
+
+// Every case of testdata/vectors.json, generated from the extender's scoring.py by
+// `python -m gpufleet_extender.conformance` (the extender's tests regenerate it and compare byte for byte).
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"reflect"
+	"sort"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+type vectorNode struct {
+	Name       string                          `json:"name"`
+	SampleTime float64                         `json:"sampleTime"`
+	Devices    map[string][][3]json.RawMessage `json:"devices"`
+}
+
+type vectorFile struct {
+	Version int `json:"version"`
+	Args    []struct {
+		Args  json.RawMessage `json:"args"`
+		Valid bool            `json:"valid"`
+	} `json:"args"`
+	Decisions []struct {
+		Args       json.RawMessage           `json:"args"`
+		Now        float64                   `json:"now"`
+		Nodes      []vectorNode              `json:"nodes"`
+		Candidates []string                  `json:"candidates"`
+		Request    [][2]json.RawMessage      `json:"request"`
+		Assumed    map[string]map[string]int `json:"assumed"`
+		Modes      map[string]Mode           `json:"modes"`
+		Tenants    *struct {
+			Namespace       string            `json:"namespace"`
+			NamespaceTenant *string           `json:"namespaceTenant"`
+			NodeTenants     map[string]string `json:"nodeTenants"`
+		} `json:"tenants"`
+		Expect map[string][4]json.RawMessage `json:"expect"`
+	} `json:"decisions"`
+	Auto []struct {
+		Args  json.RawMessage `json:"args"`
+		Steps []struct {
+			Now       float64            `json:"now"`
+			Nodes     []vectorNode       `json:"nodes"`
+			FleetLoad map[string]float64 `json:"fleetLoad"`
+			Modes     map[string]Mode    `json:"modes"`
+			Changed   map[string]Mode    `json:"changed"`
+		} `json:"steps"`
+	} `json:"auto"`
+	Prometheus []struct {
+		NodeNameLabels []string     `json:"nodeNameLabels"`
+		QueriedAt      float64      `json:"queriedAt"`
+		Series         []promSample `json:"series"`
+		Times          []promSample `json:"times"`
+		Expect         struct {
+			Nodes        []vectorNode `json:"nodes"`
+			NewestSample *float64     `json:"newestSample"`
+		} `json:"expect"`
+	} `json:"prometheus"`
+	Requests []struct {
+		Spec   v1.PodSpec           `json:"spec"`
+		Expect [][2]json.RawMessage `json:"expect"`
+	} `json:"requests"`
+}
+
+func loadVectors(t *testing.T) *vectorFile {
+	t.Helper()
+	raw, err := os.ReadFile("testdata/vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vectors vectorFile
+	if err := json.Unmarshal(raw, &vectors); err != nil {
+		t.Fatalf("testdata/vectors.json: %v", err)
+	}
+	if vectors.Version != 1 {
+		t.Fatalf("vectors format %d, this test reads 1", vectors.Version)
+	}
+	return &vectors
+}
+
+func mustUnmarshal(t *testing.T, raw json.RawMessage, into any) {
+	t.Helper()
+	if err := json.Unmarshal(raw, into); err != nil {
+		t.Fatalf("%s: %v", raw, err)
+	}
+}
+
+func decodeArgs(raw json.RawMessage) (Args, error) {
+	args, err := DecodeArgs(&runtime.Unknown{Raw: raw, ContentType: runtime.ContentTypeJSON})
+	if err == nil {
+		err = args.Validate()
+	}
+	return args, err
+}
+
+func snapshotOf(t *testing.T, nodes []vectorNode) *Snapshot {
+	t.Helper()
+	s := &Snapshot{Nodes: map[string]*NodeMetrics{}}
+	for _, n := range nodes {
+		metrics := &NodeMetrics{Name: n.Name, SampleTime: n.SampleTime, Devices: map[string][]Device{}}
+		for resource, devices := range n.Devices {
+			list := []Device{} // a resource with no device stays in the map, as in Python
+			for _, d := range devices {
+				var device Device
+				mustUnmarshal(t, d[0], &device.Key)
+				mustUnmarshal(t, d[1], &device.Util)
+				if string(d[2]) != "null" {
+					mustUnmarshal(t, d[2], &device.Mem)
+					device.HasMem = true
+				}
+				list = append(list, device)
+			}
+			metrics.Devices[resource] = list
+		}
+		s.Nodes[n.Name] = metrics
+		s.Order = append(s.Order, n.Name)
+	}
+	return s
+}
+
+func requestOf(t *testing.T, pairs [][2]json.RawMessage) []ResourceRequest {
+	var request []ResourceRequest
+	for _, pair := range pairs {
+		var r ResourceRequest
+		mustUnmarshal(t, pair[0], &r.Resource)
+		mustUnmarshal(t, pair[1], &r.Count)
+		request = append(request, r)
+	}
+	return request
+}
+
+func TestVectorsArgs(t *testing.T) {
+	for i, c := range loadVectors(t).Args {
+		_, err := decodeArgs(c.Args)
+		if (err == nil) != c.Valid {
+			t.Errorf("args[%d] %s: extender valid=%v, plugin error %v", i, c.Args, c.Valid, err)
+		}
+	}
+}
+
+func TestVectorsDecisions(t *testing.T) {
+	vectors := loadVectors(t)
+	checked := 0
+	for i, c := range vectors.Decisions {
+		args, err := decodeArgs(c.Args)
+		if err != nil {
+			t.Fatalf("decisions[%d]: args %s refused: %v", i, c.Args, err)
+		}
+		policy := args.Policy()
+		snapshot := snapshotOf(t, c.Nodes)
+		request := requestOf(t, c.Request)
+		for _, name := range c.Candidates {
+			var want Verdict
+			mustUnmarshal(t, c.Expect[name][0], &want.Passed)
+			mustUnmarshal(t, c.Expect[name][1], &want.Score)
+			mustUnmarshal(t, c.Expect[name][2], &want.Outcome)
+			mustUnmarshal(t, c.Expect[name][3], &want.Reason)
+			// The plugin's verdict(): tenant rule, then EvaluateNode.
+			var got Verdict
+			reason := ""
+			if c.Tenants != nil {
+				namespaceTenant := ""
+				if c.Tenants.NamespaceTenant != nil {
+					namespaceTenant = *c.Tenants.NamespaceTenant
+				}
+				reason = TenantMismatch(name, c.Tenants.NodeTenants[name], c.Tenants.Namespace, namespaceTenant)
+			}
+			if reason != "" {
+				got = Verdict{false, MinScore, OutcomeTenantMismatch, reason}
+			} else {
+				got = EvaluateNode(name, snapshot.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes)
+			}
+			if got != want {
+				t.Errorf("decisions[%d] node %s:\n  extender %+v\n  plugin   %+v", i, name, want, got)
+			}
+			checked++
+		}
+	}
+	t.Logf("%d decisions, %d node verdicts", len(vectors.Decisions), checked)
+}
+
+func TestVectorsAuto(t *testing.T) {
+	for i, c := range loadVectors(t).Auto {
+		args, err := decodeArgs(c.Args)
+		if err != nil {
+			t.Fatalf("auto[%d]: %v", i, err)
+		}
+		policy := args.Policy()
+		selector := &ModeSelector{PackBelow: policy.AutoPackBelow, Hysteresis: policy.AutoHysteresis}
+		for j, step := range c.Steps {
+			load := FleetMeanLoad(snapshotOf(t, step.Nodes), &policy, step.Now)
+			if !reflect.DeepEqual(load, step.FleetLoad) {
+				t.Errorf("auto[%d] step %d: fleet load extender %v, plugin %v", i, j, step.FleetLoad, load)
+			}
+			changed := selector.Update(load)
+			if !reflect.DeepEqual(selector.Modes, step.Modes) || !reflect.DeepEqual(changed, step.Changed) {
+				t.Errorf("auto[%d] step %d: modes extender %v (changed %v), plugin %v (changed %v)",
+					i, j, step.Modes, step.Changed, selector.Modes, changed)
+			}
+		}
+	}
+}
+
+func TestVectorsPrometheus(t *testing.T) {
+	for i, c := range loadVectors(t).Prometheus {
+		got := buildFromProm(c.Series, c.Times, c.NodeNameLabels, c.QueriedAt, 1)
+		want := snapshotOf(t, c.Expect.Nodes)
+		if !reflect.DeepEqual(got.Order, want.Order) {
+			t.Errorf("prometheus[%d]: node order extender %v, plugin %v", i, want.Order, got.Order)
+			continue
+		}
+		for _, name := range want.Order {
+			if !reflect.DeepEqual(got.Nodes[name], want.Nodes[name]) {
+				t.Errorf("prometheus[%d] node %s:\n  extender %+v\n  plugin   %+v", i, name, want.Nodes[name], got.Nodes[name])
+			}
+		}
+		wantNewest := 0.0
+		if c.Expect.NewestSample != nil {
+			wantNewest = *c.Expect.NewestSample
+		}
+		if got.NewestSample != wantNewest {
+			t.Errorf("prometheus[%d]: newest sample extender %v, plugin %v", i, wantNewest, got.NewestSample)
+		}
+	}
+}
+
+func TestVectorsRequests(t *testing.T) {
+	for i, c := range loadVectors(t).Requests {
+		got := PodGPURequest(&v1.Pod{Spec: c.Spec})
+		want := requestOf(t, c.Expect)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("requests[%d]: extender %v, plugin %v", i, want, got)
+		}
+	}
+}
+
+// The float helpers the reasons depend on.
+func TestPythonFormatting(t *testing.T) {
+	cases := map[float64]string{30: "30", 2.5: "2.5", 0.1: "0.1", 123456789: "1.23457e+08", 1e-5: "1e-05", 0: "0"}
+	keys := make([]float64, 0, len(cases))
+	for k := range cases {
+		keys = append(keys, k)
+	}
+	sort.Float64s(keys)
+	for _, x := range keys {
+		if got := pyG(x); got != cases[x] {
+			t.Errorf("pyG(%v) = %q, Python says %q", x, got, cases[x])
+		}
+	}
+	if pyRound(2.5) != 2 || pyRound(3.5) != 4 || pyRound(-0.5) != 0 || pyRound(math.Nextafter(2.5, 3)) != 3 {
+		t.Error("pyRound must round halves to even like Python's round()")
+	}
+}
