@@ -1,0 +1,320 @@
+package gpuscore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+)
+
+const mig = "nvidia.com/mig-2g.20gb"
+
+type fakeSource struct {
+	snapshot *Snapshot
+	err      error
+	calls    int
+}
+
+func (f *fakeSource) Fetch(_ context.Context, version uint64) (*Snapshot, error) {
+	f.calls++
+	if f.err != nil {
+		return nil, f.err
+	}
+	s := *f.snapshot
+	s.Version = version
+	return &s, nil
+}
+
+// fleet: node -> instance loads (util; mem 0), sampled now.
+func fleet(now float64, nodes map[string][]float64) *Snapshot {
+	s := &Snapshot{Nodes: map[string]*NodeMetrics{}}
+	for name, utils := range nodes {
+		devices := make([]Device, len(utils))
+		for i, u := range utils {
+			devices[i] = Device{Key: fmt.Sprintf("0/%d", i), Util: u, HasMem: true}
+		}
+		s.Nodes[name] = &NodeMetrics{Name: name, SampleTime: now, Devices: map[string][]Device{mig: devices}}
+		s.Order = append(s.Order, name)
+	}
+	return s
+}
+
+func migPod(name string, count int64) *v1.Pod {
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(name)},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{
+			Limits: v1.ResourceList{mig: *resource.NewQuantity(count, resource.DecimalSI)},
+		}}}},
+	}
+}
+
+func nodeInfo(name string, labels map[string]string) fwk.NodeInfo {
+	info := framework.NewNodeInfo()
+	info.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}})
+	return info
+}
+
+func testPlugin(t *testing.T, args Args, source Source, now float64) *GPUScore {
+	t.Helper()
+	if err := args.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	g := newPlugin(args, source)
+	g.clock = func() float64 { return now }
+	g.metrics.RefreshOnce(context.Background())
+	return g
+}
+
+// schedule runs one cycle the way the framework does and returns the best node (ties: first name).
+func schedule(t *testing.T, g *GPUScore, pod *v1.Pod, nodes []string) (string, map[string]*fwk.Status) {
+	t.Helper()
+	ctx := context.Background()
+	state := framework.NewCycleState()
+	if _, status := g.PreFilter(ctx, state, pod, nil); !status.IsSuccess() {
+		t.Fatalf("PreFilter: %v", status)
+	}
+	rejected := map[string]*fwk.Status{}
+	best, bestScore := "", int64(-1)
+	for _, name := range nodes {
+		info := nodeInfo(name, nil)
+		if status := g.Filter(ctx, state, pod, info); !status.IsSuccess() {
+			rejected[name] = status
+			continue
+		}
+		score, status := g.Score(ctx, state, pod, info)
+		if !status.IsSuccess() {
+			t.Fatalf("Score: %v", status)
+		}
+		if score > bestScore {
+			best, bestScore = name, score
+		}
+	}
+	if best != "" {
+		if status := g.Reserve(ctx, state, pod, best); !status.IsSuccess() {
+			t.Fatalf("Reserve: %v", status)
+		}
+	}
+	return best, rejected
+}
+
+func TestFilterRefusesNodesAtTheThresholdAndScoreScalesTheExtenderScore(t *testing.T) {
+	now := 1000.0
+	source := &fakeSource{snapshot: fleet(now, map[string][]float64{"hot": {0.8, 0.95}, "warm": {0.6, 0.4}, "cool": {0.1, 0.3}})}
+	g := testPlugin(t, DefaultArgs(), source, now)
+	ctx := context.Background()
+	state := framework.NewCycleState()
+	pod := migPod("p", 1)
+	if _, status := g.PreFilter(ctx, state, pod, nil); !status.IsSuccess() {
+		t.Fatal(status)
+	}
+	status := g.Filter(ctx, state, pod, nodeInfo("hot", nil))
+	if status.Code() != fwk.Unschedulable || !strings.Contains(status.Message(), "hot: no nvidia.com/mig-2g.20gb instance below thresholds") {
+		t.Fatalf("hot node: %v", status)
+	}
+	for node, want := range map[string]int64{"warm": 70, "cool": 90} { // 10 x (1 - 0.7 x best util), x 10
+		if !g.Filter(ctx, state, pod, nodeInfo(node, nil)).IsSuccess() {
+			t.Fatalf("%s refused", node)
+		}
+		score, _ := g.Score(ctx, state, pod, nodeInfo(node, nil))
+		verdict := EvaluateNode(node, source.snapshot.Nodes[node], PodGPURequest(pod), &g.policy, now, nil, nil)
+		if score != int64(verdict.Score)*10 || score != want {
+			t.Errorf("%s: score %d, extender %d x 10, want %d", node, score, verdict.Score, want)
+		}
+	}
+}
+
+func TestPodsWithoutGPUsSkipTheFilterAndAreBatchable(t *testing.T) {
+	g := testPlugin(t, DefaultArgs(), &fakeSource{snapshot: fleet(1, nil)}, 1)
+	plain := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c"}}}}
+	if _, status := g.PreFilter(context.Background(), framework.NewCycleState(), plain, nil); status.Code() != fwk.Skip {
+		t.Errorf("PreFilter of a pod without GPUs: %v, want Skip", status)
+	}
+	if _, status := g.SignPod(context.Background(), plain); !status.IsSuccess() {
+		t.Errorf("SignPod of a pod without GPUs: %v", status)
+	}
+	if _, status := g.SignPod(context.Background(), migPod("p", 1)); status.IsSuccess() {
+		t.Error("GPU pods must not be batched: their scores change with each placement")
+	}
+}
+
+func TestABurstSpreadsThroughReserveAndUnreserveGivesTheDevicesBack(t *testing.T) {
+	now := 1000.0
+	nodes := []string{"a", "b", "c"}
+	source := &fakeSource{snapshot: fleet(now, map[string][]float64{"a": {0, 0}, "b": {0.1, 0.1}, "c": {0.2, 0.2}})}
+	g := testPlugin(t, DefaultArgs(), source, now)
+	placed := map[string]int{}
+	for i := 0; i < 6; i++ {
+		node, _ := schedule(t, g, migPod(fmt.Sprintf("p%d", i), 1), nodes)
+		placed[node]++
+	}
+	if placed["a"] != 2 || placed["b"] != 2 || placed["c"] != 2 {
+		t.Fatalf("six pods on three nodes of two idle instances: %v, want two each", placed)
+	}
+	// All instances are assumed busy now: a seventh pod fits nowhere.
+	if node, rejected := schedule(t, g, migPod("p6", 1), nodes); node != "" || !strings.Contains(rejected["a"].Message(), "all 2 assumed busy") {
+		t.Fatalf("seventh pod went to %q (%v)", node, rejected)
+	}
+	g.Unreserve(context.Background(), nil, migPod("p0", 1), "a")
+	if node, _ := schedule(t, g, migPod("p7", 1), nodes); node != "a" {
+		t.Fatalf("after Unreserve of a's pod the next one went to %q, want a", node)
+	}
+}
+
+func TestInflightFollowsThePodInformer(t *testing.T) {
+	now := 1000.0
+	source := &fakeSource{snapshot: fleet(now, map[string][]float64{"a": {0.1}})}
+	g := testPlugin(t, DefaultArgs(), source, now)
+	pod := migPod("p", 1)
+	g.inflight.Reserve(pod.UID, "a", PodGPURequest(pod), now)
+	pending := pod.DeepCopy() // an update before the binding shows must not drop the reservation
+	g.inflight.Observe(pending, false, now)
+	if got := g.inflight.Assumed(source.snapshot, now)["a"][mig]; got != 1 {
+		t.Fatalf("reserved pod: assumed %d, want 1", got)
+	}
+	bound := pod.DeepCopy()
+	bound.Spec.NodeName = "a"
+	bound.Status.ContainerStatuses = []v1.ContainerStatus{{State: v1.ContainerState{Running: &v1.ContainerStateRunning{
+		StartedAt: metav1.NewTime(time.Unix(int64(now)-10, 0))}}}}
+	g.inflight.Observe(bound, false, now)
+	// The node's sample (taken at now) is newer than the container start: the sample shows the pod's load.
+	if got := g.inflight.Assumed(source.snapshot, now)["a"][mig]; got != 0 {
+		t.Fatalf("running pod covered by a sample: assumed %d, want 0", got)
+	}
+	older := fleet(now-20, map[string][]float64{"a": {0.1}})
+	if got := g.inflight.Assumed(older, now)["a"][mig]; got != 1 {
+		t.Fatalf("running pod not covered by the sample: assumed %d, want 1", got)
+	}
+	if got := g.inflight.Assumed(older, now+DefaultArgs().InflightMaxSeconds+1)["a"][mig]; got != 0 {
+		t.Fatalf("pod past inflightMaxSeconds: assumed %d, want 0", got)
+	}
+	g.inflight.Observe(bound, true, now)
+	if got := g.inflight.Assumed(older, now)["a"][mig]; got != 0 {
+		t.Fatalf("deleted pod: assumed %d, want 0", got)
+	}
+}
+
+func TestTenantPoolsRefuseOtherTenantsUnresolvably(t *testing.T) {
+	now := 1000.0
+	g := testPlugin(t, DefaultArgs(), &fakeSource{snapshot: fleet(now, map[string][]float64{"pool": {0.1}})}, now)
+	state := framework.NewCycleState()
+	state.Write(stateKey, &cycleState{request: []ResourceRequest{{mig, 1}}, view: g.metrics.View(), now: now,
+		tenantCheck: true, namespace: "default", namespaceTenant: "b"})
+	status := g.Filter(context.Background(), state, migPod("p", 1), nodeInfo("pool", map[string]string{"gpufleet.io/tenant": "a"}))
+	want := "pool: node is in tenant pool 'a'; namespace 'default' belongs to tenant b"
+	if status.Code() != fwk.UnschedulableAndUnresolvable || status.Message() != want {
+		t.Fatalf("got %v %q, want UnschedulableAndUnresolvable %q", status.Code(), status.Message(), want)
+	}
+}
+
+func TestAMetricsOutageKeepsTheLastSnapshotUntilItGoesStale(t *testing.T) {
+	now := 1000.0
+	source := &fakeSource{snapshot: fleet(now, map[string][]float64{"a": {0.9}})}
+	args := DefaultArgs()
+	args.OnMissingMetrics = "deny"
+	g := testPlugin(t, args, source, now)
+	source.err = errors.New("connection refused")
+	if g.metrics.RefreshOnce(context.Background()) {
+		t.Fatal("a failed poll reported success")
+	}
+	if g.metrics.View().Snapshot.Nodes["a"] == nil {
+		t.Fatal("a failed poll dropped the snapshot")
+	}
+	g.clock = func() float64 { return now + 31 }
+	_, rejected := schedule(t, g, migPod("p", 1), []string{"a"})
+	if msg := rejected["a"].Message(); msg != "a: GPU metrics are 31s old (max 30s) (ON_MISSING_METRICS=deny)" {
+		t.Fatalf("stale node: %q", msg)
+	}
+}
+
+func TestAutoModesMoveOncePerSnapshot(t *testing.T) {
+	args := DefaultArgs()
+	args.ScoringStrategy, args.PackTargetUtil = StrategyAuto, 0.5
+	source := &fakeSource{snapshot: fleet(nowSeconds(), map[string][]float64{"a": {0.1, 0.1}})}
+	g := testPlugin(t, args, source, nowSeconds())
+	if mode := g.metrics.View().Modes[mig]; mode != ModePack {
+		t.Fatalf("quiet fleet: mode %q, want pack", mode)
+	}
+	source.snapshot = fleet(nowSeconds(), map[string][]float64{"a": {0.9, 0.9}})
+	g.metrics.RefreshOnce(context.Background())
+	if mode := g.metrics.View().Modes[mig]; mode != ModeSpread {
+		t.Fatalf("busy fleet: mode %q, want spread", mode)
+	}
+}
+
+func TestNewRefusesInvalidArgsWithEveryProblem(t *testing.T) {
+	cases := map[string]string{
+		`{"weightGPUUtil": 0.5}`:                                  "weightGPUUtil + weightMemUtil must be 1.0 (got 0.5 + 0.3 = 0.8)",
+		`{"prometheusURL": "prometheus:9090", "threshold": 0.8}`:  `unknown field "threshold"`,
+		`{"gpuUtilThreshold": 1.5, "scoringStrategy": "binpack"}`: "gpuUtilThreshold: 1.5 is not in (0, 1]; scoringStrategy: must be spread, pack or auto",
+		`{"scoringStrategy": "pack", "packTargetUtil": 0.8}`:      "packTargetUtil (0.8) must be below gpuUtilThreshold (0.8)",
+		`{"weightGPUUtil": "0.7"}`:                                "cannot unmarshal string",
+	}
+	for raw, want := range cases {
+		_, err := New(context.Background(), &runtime.Unknown{Raw: []byte(raw), ContentType: runtime.ContentTypeJSON}, nil)
+		if err == nil || !strings.HasPrefix(err.Error(), "invalid GPUScore args: ") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want one containing %q", raw, err, want)
+		}
+	}
+}
+
+func TestPrometheusSourceQueriesAndParses(t *testing.T) {
+	var mu sync.Mutex
+	queries := map[string]bool{}
+	server := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		query := r.URL.Query().Get("query")
+		mu.Lock()
+		queries[query] = true
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(query, "timestamp(") {
+			fmt.Fprint(w, `{"status":"success","data":{"resultType":"vector","result":[{"metric":{"hostname":"n1"},"value":[1,"1700000000.5"]}]}}`)
+			return
+		}
+		fmt.Fprint(w, `{"status":"success","data":{"resultType":"vector","result":[
+			{"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","hostname":"n1","gpu":"0","GPU_I_ID":"3","GPU_I_PROFILE":"2g.20gb"},"value":[1,"0.25"]},
+			{"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","Hostname":"n2","gpu":"1"},"value":[1,"40"]}]}}`)
+	}))
+	defer server.Close()
+	source := NewPrometheusSource(server.URL+"/", []string{"Hostname", "hostname"}, time.Second)
+	snapshot, err := source.Fetch(context.Background(), 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := snapshot.Nodes["n1"]; got == nil || got.SampleTime != 1700000000.5 || got.Devices[mig][0] != (Device{Key: "0/3", Util: 0.25}) {
+		t.Errorf("MIG node: %+v", got)
+	}
+	if got := snapshot.Nodes["n2"]; got == nil || got.Devices[WholeGPUResource][0].Util != 0.4 {
+		t.Errorf("whole-GPU node: %+v", got)
+	}
+	series := `{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_GR_ENGINE_ACTIVE|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE"}`
+	times := "max by (Hostname, hostname) (timestamp(DCGM_FI_DEV_GPU_UTIL)) or " +
+		"max by (Hostname, hostname) (timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE)) or " +
+		"max by (Hostname, hostname) (timestamp(DCGM_FI_DEV_FB_USED)) or " +
+		"max by (Hostname, hostname) (timestamp(DCGM_FI_DEV_FB_FREE))"
+	if len(queries) != 2 || !queries[series] || !queries[times] {
+		t.Errorf("queries %v, want the extender's two", queries)
+	}
+
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprint(w, `{"status":"error","error":"parse error"}`)
+	}))
+	defer failing.Close()
+	if _, err := NewPrometheusSource(failing.URL, []string{"Hostname"}, time.Second).Fetch(context.Background(), 1); err == nil ||
+		!strings.Contains(err.Error(), "Prometheus query failed (HTTP 400): parse error") {
+		t.Errorf("failing Prometheus: %v", err)
+	}
+}
