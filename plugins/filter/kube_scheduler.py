@@ -13,9 +13,13 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.kube_scheduler_config
 )
 
 
-def kube_scheduler_config_errors(config):
-    """Why kube-scheduler would refuse `config`, one message per violated rule; [] when it would start."""
-    return scheduler_config_errors(config)
+def kube_scheduler_config_errors(config, out_of_tree_plugins=None):
+    """Why kube-scheduler would refuse `config`, one message per violated rule; [] when it would start.
+
+    `out_of_tree_plugins`: plugin names the scheduler binary registers besides the in-tree ones (gpufleet-scheduler:
+    ["GPUScore"]); none for the stock kube-scheduler.
+    """
+    return scheduler_config_errors(config, tuple(out_of_tree_plugins or ()))
 
 
 def kube_scheduler_patch_manifest(manifest, config_file, config_dir, config_hash):

@@ -4,11 +4,12 @@
 
 Two concerns live here because both are about what kube-scheduler will accept when it (re)starts:
 
-* `scheduler_config_errors(config)` checks a `KubeSchedulerConfiguration` (kubescheduler.config.k8s.io/v1) the way
-  kube-scheduler does before it starts: strict decoding (unknown fields, wrong types, Go durations) and the rules of
-  k8s.io/kubernetes pkg/scheduler/apis/config/validation/validation.go (ValidateKubeSchedulerConfiguration and
-  validateExtenders) plus component-base's leader-election/client-connection checks, applied after kube-scheduler's
-  v1 defaults. Messages follow Go's field.Error format so they can be matched against kube-scheduler's own output.
+* `scheduler_config_errors(config, out_of_tree_plugins)` checks a `KubeSchedulerConfiguration`
+  (kubescheduler.config.k8s.io/v1) the way kube-scheduler does before it starts: strict decoding (unknown fields,
+  wrong types, Go durations) and the rules of k8s.io/kubernetes pkg/scheduler/apis/config/validation/validation.go
+  (ValidateKubeSchedulerConfiguration and validateExtenders) plus component-base's leader-election/client-connection
+  checks, applied after kube-scheduler's v1 defaults, and the framework's refusal of plugins the binary does not
+  register. Messages follow Go's field.Error format so they can be matched against kube-scheduler's own output.
 * `patch_static_pod_manifest(...)` adds `--config`, the config volume and mount and a config-hash annotation to
   kubeadm's kube-scheduler static pod manifest, idempotently.
 
@@ -127,6 +128,66 @@ _CONFIG_FIELDS = {
     "extenders": [_EXTENDER_FIELDS],
     "delayCacheUntilActive": _BOOL,
 }
+
+# kube-scheduler v1.36's in-tree plugins (pkg/scheduler/framework/plugins/names). Enabling any other name stops
+# kube-scheduler at start-up (`FilterPlugin "X" does not exist`) unless its binary registers that plugin, as
+# gpufleet-scheduler registers GPUScore.
+IN_TREE_PLUGINS = frozenset(
+    {
+        "PrioritySort",
+        "DefaultBinder",
+        "DefaultPreemption",
+        "DynamicResources",
+        "GangScheduling",
+        "ImageLocality",
+        "InterPodAffinity",
+        "NodeAffinity",
+        "NodeDeclaredFeatures",
+        "NodeName",
+        "NodePorts",
+        "NodeResourcesBalancedAllocation",
+        "NodeResourcesFit",
+        "NodeUnschedulable",
+        "NodeVolumeLimits",
+        "PodTopologySpread",
+        "SchedulingGates",
+        "TaintToleration",
+        "VolumeBinding",
+        "VolumeRestrictions",
+        "VolumeZone",
+        "TopologyPlacementGenerator",
+        "PodGroupPodsCount",
+    }
+)
+# The framework's interface name per extension point, as its "does not exist" message prints it.
+_PLUGIN_TYPES = {point: point[0].upper() + point[1:] + "Plugin" for point in _EXTENSION_POINTS}
+
+# GPUScore (k8s/gpuscore): the extension points it must be enabled at to decide as the extender (PreFilter takes
+# the cycle's view, Reserve counts in-flight pods), and its args (k8s/gpuscore/args.go; values are checked by the
+# plugin when the scheduler starts).
+GPUSCORE = "GPUScore"
+GPUSCORE_EXTENSION_POINTS = ("preFilter", "filter", "preScore", "score", "reserve")
+GPUSCORE_ARGS = frozenset(
+    {
+        "prometheusURL",
+        "prometheusTimeoutSeconds",
+        "gpuUtilThreshold",
+        "memUtilThreshold",
+        "weightGPUUtil",
+        "weightMemUtil",
+        "metricsRefreshSeconds",
+        "metricsMaxAgeSeconds",
+        "onMissingMetrics",
+        "nodeNameLabels",
+        "tenantLabel",
+        "tenantPools",
+        "inflightMaxSeconds",
+        "scoringStrategy",
+        "packTargetUtil",
+        "autoPackBelow",
+        "autoHysteresis",
+    }
+)
 
 # Go's time.ParseDuration syntax: one or more <number><unit>, or a bare "0".
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
@@ -337,6 +398,50 @@ def _profile_errors(profiles):
     return errors
 
 
+def plugin_errors(profiles, out_of_tree_plugins=()):
+    """Enabled plugins the scheduler binary does not register: kube-scheduler's framework refuses to start."""
+    known = IN_TREE_PLUGINS | set(out_of_tree_plugins)
+    errors = []
+    for index, profile in enumerate(profiles):
+        for point, plugin_set in (profile.get("plugins") or {}).items():
+            for plugin_index, plugin in enumerate((plugin_set or {}).get("enabled") or []):
+                name = plugin.get("name", "")
+                if name not in known:
+                    path = f"profiles[{index}].plugins.{point}.enabled[{plugin_index}].name"
+                    errors.append(_invalid(path, name, f'{_PLUGIN_TYPES[point]} "{name}" does not exist'))
+    return errors
+
+
+def gpuscore_errors(profiles):
+    """GPUScore enabled only in part, or given args it does not know (a typo would silently keep a default)."""
+    errors = []
+    for index, profile in enumerate(profiles):
+        plugins = profile.get("plugins") or {}
+
+        def enabled(point, plugins=plugins):
+            return any(p.get("name") == GPUSCORE for p in (plugins.get(point) or {}).get("enabled") or [])
+
+        if not any(enabled(point) for point in (*GPUSCORE_EXTENSION_POINTS, "multiPoint")):
+            continue
+        missing = [point for point in GPUSCORE_EXTENSION_POINTS if not (enabled(point) or enabled("multiPoint"))]
+        if missing:
+            errors.append(
+                _invalid(
+                    f"profiles[{index}].plugins",
+                    GPUSCORE,
+                    f"GPUScore must be enabled at {', '.join(GPUSCORE_EXTENSION_POINTS)} (or multiPoint); "
+                    f"missing: {', '.join(missing)}",
+                )
+            )
+        for config_index, plugin_config in enumerate(profile.get("pluginConfig") or []):
+            if plugin_config.get("name") != GPUSCORE:
+                continue
+            for key in sorted(set(plugin_config.get("args") or {}) - GPUSCORE_ARGS):
+                path = f"profiles[{index}].pluginConfig[{config_index}].args.{key}"
+                errors.append(f'{path}: strict decoding error: unknown field "{key}"')
+    return errors
+
+
 def extender_errors(extenders):
     """validateExtenders, rule for rule (field paths as kube-scheduler prints them)."""
     errors = []
@@ -371,8 +476,12 @@ def extender_errors(extenders):
     return errors
 
 
-def scheduler_config_errors(config):
-    """Every reason kube-scheduler would refuse to start with `config` (a dict); an empty list when it is valid."""
+def scheduler_config_errors(config, out_of_tree_plugins=()):
+    """Every reason kube-scheduler would refuse to start with `config` (a dict); an empty list when it is valid.
+
+    `out_of_tree_plugins` names the plugins the scheduler binary registers besides the in-tree ones (GPUScore for
+    gpufleet-scheduler); the stock kube-scheduler registers none.
+    """
     if not isinstance(config, dict):
         return [f"the scheduler configuration must be a mapping, got {type(config).__name__}"]
     errors = []
@@ -392,7 +501,8 @@ def scheduler_config_errors(config):
     parallelism = config.get("parallelism", DEFAULT_PARALLELISM)
     if parallelism <= 0:
         errors.append(_invalid("parallelism", parallelism, "should be an integer value greater than zero"))
-    errors.extend(_profile_errors(_defaulted_profiles(config.get("profiles"))))
+    profiles = _defaulted_profiles(config.get("profiles"))
+    errors.extend(_profile_errors(profiles))
     errors.extend(_percentage_errors(config.get("percentageOfNodesToScore"), "percentageOfNodesToScore"))
     initial_backoff = config.get("podInitialBackoffSeconds", DEFAULT_POD_INITIAL_BACKOFF_SECONDS)
     max_backoff = config.get("podMaxBackoffSeconds", DEFAULT_POD_MAX_BACKOFF_SECONDS)
@@ -403,6 +513,12 @@ def scheduler_config_errors(config):
             _invalid("podMaxBackoffSeconds", max_backoff, "must be greater than or equal to PodInitialBackoffSeconds")
         )
     errors.extend(extender_errors(config.get("extenders")))
+    if errors:
+        return errors
+    # Only a configuration that passed validation gets as far as building the profiles' frameworks.
+    errors = plugin_errors(profiles, out_of_tree_plugins)
+    if GPUSCORE in out_of_tree_plugins:
+        errors.extend(gpuscore_errors(profiles))
     return errors
 
 

@@ -28,7 +28,7 @@ from conftest import (
     run_playbook,
     validate_manifests,
 )
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 ROLE = "gpufleet.mig.kube_scheduler"
 KUBEADM_MANIFEST = REPO / "extensions/molecule/kube_scheduler_static_pod/files/kube-scheduler.yaml"
@@ -101,13 +101,7 @@ class KubeSchedulerConfiguration(Strict):
     podInitialBackoffSeconds: int | None = None
     podMaxBackoffSeconds: int | None = None
     profiles: list[Profile]
-    extenders: list[Extender]
-
-    @field_validator("extenders")
-    @classmethod
-    def gpu_extender_first(cls, extenders):
-        assert extenders, "the GPU extender is missing"
-        return extenders
+    extenders: list[Extender] = []  # none in plugin mode: GPUScore decides in process
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------------
@@ -196,7 +190,7 @@ def render_failure(tmp_path: Path, extra_vars: dict, inventory: str = "inventori
 
 
 def test_lab_renders_the_secondary_scheduler(tmp_path):
-    manifests = render_roles([ROLE], tmp_path)
+    manifests = render_roles([ROLE], tmp_path, extra_vars={"kube_scheduler_mode": "secondary"})
     # 9 objects of the secondary scheduler and its namespace (delivered by k8s_manifests).
     assert validate_manifests(manifests) == 10
     assert "namespaces/gpufleet-system.yaml" in load_manifests(manifests)
@@ -215,7 +209,7 @@ def test_lab_renders_the_secondary_scheduler(tmp_path):
 
 
 def test_secondary_objects_wire_config_hash_rbac_and_leader_election(tmp_path):
-    manifests = render_roles([ROLE], tmp_path)
+    manifests = render_roles([ROLE], tmp_path, extra_vars={"kube_scheduler_mode": "secondary"})
     rendered = objects(manifests)
     config_text = (manifests / "kube_scheduler/scheduler-config.yaml").read_text()
     configmap = rendered[("ConfigMap", "gpufleet-scheduler-config")]
@@ -248,9 +242,12 @@ def test_secondary_objects_wire_config_hash_rbac_and_leader_election(tmp_path):
 def test_a_config_change_changes_the_pod_template_hash(tmp_path):
     for run in "abc":
         (tmp_path / run).mkdir()
-    first = objects(render_roles([ROLE], tmp_path / "a"))
-    second = objects(render_roles([ROLE], tmp_path / "b", extra_vars={"kube_scheduler_extender_weight": 4}))
-    same = objects(render_roles([ROLE], tmp_path / "c"))
+    secondary = {"kube_scheduler_mode": "secondary"}
+    first = objects(render_roles([ROLE], tmp_path / "a", extra_vars=secondary))
+    second = objects(
+        render_roles([ROLE], tmp_path / "b", extra_vars={**secondary, "kube_scheduler_extender_weight": 4})
+    )
+    same = objects(render_roles([ROLE], tmp_path / "c", extra_vars=secondary))
 
     def config_hash(rendered):
         annotations = rendered[("Deployment", "gpufleet-scheduler")]["spec"]["template"]["metadata"]["annotations"]
@@ -258,6 +255,85 @@ def test_a_config_change_changes_the_pod_template_hash(tmp_path):
 
     assert config_hash(first) != config_hash(second)
     assert config_hash(first) == config_hash(same)
+
+
+# --- plugin mode: gpufleet-scheduler with GPUScore --------------------------------------------------------------------
+
+GPUSCORE_POINTS = ["preFilter", "filter", "preScore", "score", "reserve"]
+
+
+def test_lab_renders_the_plugin_scheduler_with_the_extenders_settings(tmp_path):
+    manifests = render_roles([ROLE], tmp_path)  # the lab's kube_scheduler_mode is plugin
+    assert validate_manifests(manifests) == 10
+    config = scheduler_config(manifests)
+    assert "extenders" not in config  # no HTTP hop per pod
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "gpufleet-scheduler"
+    assert list(profile["plugins"]) == GPUSCORE_POINTS
+    assert profile["plugins"]["score"] == {"enabled": [{"name": "GPUScore", "weight": 3}]}
+    assert all(
+        profile["plugins"][point] == {"enabled": [{"name": "GPUScore"}]}
+        for point in GPUSCORE_POINTS
+        if point != "score"
+    )
+    (plugin_config,) = profile["pluginConfig"]
+    assert plugin_config["name"] == "GPUScore"
+    # The gpu_extender role's settings under the plugin's names, native types (the plugin decodes strictly).
+    args = plugin_config["args"]
+    assert args["prometheusURL"] == "http://prometheus-operated.monitoring.svc:9090"
+    assert (args["weightGPUUtil"], args["weightMemUtil"], args["gpuUtilThreshold"]) == (0.7, 0.3, 0.8)
+    assert args["nodeNameLabels"] == ["Hostname", "hostname"] and args["tenantPools"] is True
+    assert args["scoringStrategy"] == "spread" and args["metricsMaxAgeSeconds"] == 30
+
+    deployment = objects(manifests)[("Deployment", "gpufleet-scheduler")]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "gpufleet-scheduler:v1.36.3"
+    assert container["command"] == ["gpufleet-scheduler", "--config=/etc/kubernetes/gpufleet/scheduler-config.yaml"]
+
+
+def test_plugin_mode_follows_the_extenders_settings_and_can_keep_the_extender(tmp_path):
+    extra = {
+        "gpu_extender_scoring_strategy": "pack",
+        "gpu_extender_gpu_util_threshold": 0.7,
+        "kube_scheduler_plugin_extra_args": {"metricsRefreshSeconds": 2},
+        "kube_scheduler_plugin_with_extender": True,
+        "kube_scheduler_plugin_weight": 5,
+    }
+    config = scheduler_config(render_roles([ROLE], tmp_path, extra_vars=extra))
+    args = config["profiles"][0]["pluginConfig"][0]["args"]
+    assert (args["scoringStrategy"], args["gpuUtilThreshold"], args["metricsRefreshSeconds"]) == ("pack", 0.7, 2)
+    assert config["profiles"][0]["plugins"]["score"]["enabled"] == [{"name": "GPUScore", "weight": 5}]
+    assert config["extenders"][0]["urlPrefix"] == "http://gpufleet-extender.gpufleet-system.svc:8000"
+
+
+def test_gpuscore_is_refused_outside_plugin_mode(tmp_path):
+    # The stock kube-scheduler does not register GPUScore: it would not start with it.
+    output = render_failure(
+        tmp_path, {"kube_scheduler_profile_plugins": {"filter": {"enabled": [{"name": "GPUScore"}]}}}
+    )
+    assert (
+        'profiles[0].plugins.filter.enabled[0].name: Invalid value: "GPUScore": FilterPlugin "GPUScore" does not exist'
+        in output
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra_vars", "message"),
+    [
+        (
+            {"kube_scheduler_plugin_extra_args": {"threshold": 0.8}},
+            'profiles[0].pluginConfig[0].args.threshold: strict decoding error: unknown field "threshold"',
+        ),
+        (
+            {"kube_scheduler_profile_plugins": {"score": {"enabled": [{"name": "TrimaranTargetLoadPacking"}]}}},
+            'ScorePlugin "TrimaranTargetLoadPacking" does not exist',
+        ),
+    ],
+)
+def test_plugin_mode_refuses_what_gpufleet_scheduler_would_refuse(tmp_path, extra_vars, message):
+    output = render_failure(tmp_path, {"kube_scheduler_mode": "plugin", **extra_vars})
+    assert "kube-scheduler would refuse this configuration" in output
+    assert message in output
 
 
 def test_hongkong_secondary_mode_renders_and_validates(tmp_path):

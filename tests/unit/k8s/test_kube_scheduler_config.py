@@ -391,3 +391,67 @@ def test_unexpected_manifests_are_refused_with_a_reason(kubeadm_manifest, mutate
 def test_the_config_file_must_be_in_the_mounted_directory(kubeadm_manifest):
     with pytest.raises(ManifestError, match="must be inside the mounted directory"):
         patch_static_pod_manifest(kubeadm_manifest, "/etc/kubernetes/scheduler-config.yaml", CONFIG_DIR, "abc123")
+
+
+# --- plugins the scheduler binary registers ---------------------------------------------------------------------------
+
+GPUSCORE_PROFILE = {
+    "schedulerName": "gpufleet-scheduler",
+    "plugins": {
+        "preFilter": {"enabled": [{"name": "GPUScore"}]},
+        "filter": {"enabled": [{"name": "GPUScore"}]},
+        "preScore": {"enabled": [{"name": "GPUScore"}]},
+        "score": {"enabled": [{"name": "GPUScore", "weight": 3}], "disabled": [{"name": "ImageLocality"}]},
+        "reserve": {"enabled": [{"name": "GPUScore"}]},
+    },
+    "pluginConfig": [{"name": "GPUScore", "args": {"prometheusURL": "http://p:9090", "weightGPUUtil": 0.7}}],
+}
+
+
+def with_profile(profile: dict) -> dict:
+    return config(profiles=[profile], extenders=[])
+
+
+def test_gpuscore_is_accepted_only_where_the_binary_registers_it():
+    assert scheduler_config_errors(with_profile(GPUSCORE_PROFILE), ("GPUScore",)) == []
+    errors = scheduler_config_errors(with_profile(GPUSCORE_PROFILE))
+    assert len(errors) == 5  # one per extension point it is enabled at
+    assert (
+        'profiles[0].plugins.preFilter.enabled[0].name: Invalid value: "GPUScore": PreFilterPlugin "GPUScore"'
+        in (errors[0])
+    )
+
+
+def test_in_tree_plugins_pass_and_unknown_ones_do_not():
+    profile = {"schedulerName": "s", "plugins": {"score": {"enabled": [{"name": "NodeResourcesFit", "weight": 2}]}}}
+    assert scheduler_config_errors(with_profile(profile)) == []
+    profile["plugins"]["score"]["enabled"].append({"name": "NodeResourcesMostAllocated"})
+    assert scheduler_config_errors(with_profile(profile)) == [
+        'profiles[0].plugins.score.enabled[1].name: Invalid value: "NodeResourcesMostAllocated": '
+        'ScorePlugin "NodeResourcesMostAllocated" does not exist'
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda p: p["plugins"].pop("reserve"),
+            'profiles[0].plugins: Invalid value: "GPUScore": GPUScore must be enabled at preFilter, filter, preScore, '
+            "score, reserve (or multiPoint); missing: reserve",
+        ),
+        (
+            lambda p: p["pluginConfig"][0]["args"].update(weightGpuUtil=0.7),
+            'profiles[0].pluginConfig[0].args.weightGpuUtil: strict decoding error: unknown field "weightGpuUtil"',
+        ),
+    ],
+)
+def test_gpuscore_enabled_in_part_or_with_unknown_args_is_refused(change, message):
+    profile = copy.deepcopy(GPUSCORE_PROFILE)
+    change(profile)
+    assert scheduler_config_errors(with_profile(profile), ("GPUScore",)) == [message]
+
+
+def test_gpuscore_through_multipoint_is_complete():
+    profile = {"schedulerName": "s", "plugins": {"multiPoint": {"enabled": [{"name": "GPUScore", "weight": 3}]}}}
+    assert scheduler_config_errors(with_profile(profile), ("GPUScore",)) == []
