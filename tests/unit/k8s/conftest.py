@@ -6,9 +6,6 @@ what `apply` mode hands to kubernetes.core (both modes share the k8s_manifests r
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,26 +15,14 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tests"))
+
+from support import free_port, run_playbook  # noqa: E402  (re-exported to the tests)
+
 # The Kubernetes version manifests are validated against (strict: unknown fields fail).
 KUBERNETES_VERSION = "1.37.0"
 # Kinds that are not in the core OpenAPI schemas (CRDs); their roles validate them with their own checks.
 CUSTOM_KINDS = {"ServiceMonitor", "KubeSchedulerConfiguration", "DeschedulerPolicy"}
-
-
-def run_playbook(playbook: str, inventory: str, extra_vars: dict, tmp_path: Path) -> subprocess.CompletedProcess:
-    """Run a playbook from the repo root with the repo's ansible.cfg; extra vars passed as a JSON file."""
-    vars_file = tmp_path / "extra-vars.json"
-    vars_file.write_text(json.dumps(extra_vars))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    ansible_playbook = Path(sys.executable).with_name("ansible-playbook")
-    return subprocess.run(
-        [str(ansible_playbook), "-i", str(REPO / inventory), playbook, "-e", f"@{vars_file}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
 
 
 def try_render(
@@ -93,13 +78,6 @@ def validate_manifests(directory: Path) -> int:
                 pytest.fail(f"{name}: {doc.get('kind')}/{doc.get('metadata', {}).get('name')}: {err.message}")
             checked += 1
     return checked
-
-
-def free_port() -> int:
-    """A 127.0.0.1 port nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def closed_port_kubeconfig(tmp_path: Path) -> str:
