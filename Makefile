@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test bench-mig bench-extender lint sanity pytest molecule molecule-images system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test bench-mig bench-extender bench-scheduler lint sanity pytest integration k8s-assets molecule molecule-images system-deps build clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
@@ -51,7 +51,7 @@ lab-reset:
 	rm -rf $(LAB_DIR)
 
 # --- the suite ---------------------------------------------------------------------------------------------
-test: venv collection-link lint build pytest bench-mig sanity molecule
+test: venv collection-link lint build pytest integration bench-mig sanity molecule
 	@echo "make test: all checks passed"
 
 lint: venv collection-link
@@ -65,9 +65,25 @@ build: venv
 	ansible-galaxy collection install --force --no-deps -p build/dist/installed build/dist/gpufleet-mig-*.tar.gz
 
 # Two runs: the collection's tests and the extender package's each have their own rootdir, conftest and helpers.
+# The tests against the real control plane are their own target (`make integration`).
 pytest: venv collection-link system-deps
-	pytest tests
+	pytest tests -m "not integration"
 	cd extender && GPUFLEET_REQUIRE_PROMETHEUS=1 pytest
+
+# --- the real control plane ----------------------------------------------------------------------------------
+# kube-apiserver, kube-scheduler, kube-controller-manager (k8s.io/kubernetes, k8s/go.mod) and etcd (k8s/etcd/go.mod),
+# built from Go modules into build/k8s/bin; rebuilt only when the modules or the project's Go sources change.
+# KUBE_ASSETS=/dir (or KUBEBUILDER_ASSETS) makes every user of the control plane take the binaries from /dir.
+KUBE_ASSETS ?= $(or $(KUBEBUILDER_ASSETS),$(CURDIR)/build/k8s/bin)
+export KUBE_ASSETS
+
+k8s-assets:
+	k8s/build.sh $(CURDIR)/build/k8s/bin
+
+# Roles, playbooks and the extender against a real etcd + kube-apiserver + controller-manager + kube-scheduler on
+# 127.0.0.1. A missing binary fails here (GPUFLEET_REQUIRE_K8S); plain `pytest` skips these tests with one line.
+integration: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets)
+	GPUFLEET_REQUIRE_K8S=1 pytest tests -m integration
 
 # Benchmarks print figures (no timing asserts). bench-mig is quick and exits 1 if nvidia_mig ever destroys more
 # instances than the brute-force minimum, so the suite runs it; bench-extender takes minutes.
@@ -76,6 +92,13 @@ bench-mig: venv collection-link
 
 bench-extender: venv
 	python extender/benchmarks/bench_extender.py
+
+# The real kube-scheduler's pods/s without the extender, with it (KUBE_API on, as deployed) and with the GPUScore
+# plugin, side by side; minutes at the default size. NODES=5000 for the large fleet.
+NODES ?= 1000
+PODS ?= 1000
+bench-scheduler: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets)
+	python benchmarks/bench_scheduler.py --nodes $(NODES) --pods $(PODS)
 
 sanity: venv
 	tests/sanity/run.sh

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 from conftest import REPO, load_manifests, render_roles, run_playbook, validate_manifests
+from support import run_refresh
 
 GPU_NODE_SELECTOR = {"gpufleet.io/gpu-node": "true"}
 
@@ -238,30 +239,7 @@ def refresh(tmp_path, url: str, changed: dict[str, bool], layouts: dict[str, lis
         "current-context": "fake",
     }
     (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
-    hosts = {h: {"mig_partition_config": layouts[h], "mig_partition_layout_changed": c} for h, c in changed.items()}
-    inventory = {
-        "all": {
-            "vars": {"gpufleet_namespace": NAMESPACE, "gpufleet_gpus_per_node": 1},
-            "children": {"gpu_nodes": {"hosts": hosts}},
-        }
-    }
-    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
-    playbook = tmp_path / "refresh.yml"
-    role = {"name": "gpufleet.mig.gpu_device_plugin", "tasks_from": "refresh.yml"}
-    playbook.write_text(
-        yaml.safe_dump(
-            [{"hosts": "localhost", "gather_facts": False, "tasks": [{"ansible.builtin.include_role": role}]}]
-        )
-    )
-    extra = {
-        "gpufleet_k8s_mode": "apply",
-        "gpufleet_kubeconfig": str(tmp_path / "kubeconfig"),
-        "gpu_device_plugin_allocatable_retries": 3,
-        "gpu_device_plugin_allocatable_delay": 1,
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-    }
-    result = run_playbook(str(playbook), str(tmp_path / "inventory.yml"), extra, tmp_path)
+    result = run_refresh(tmp_path, tmp_path / "kubeconfig", NAMESPACE, changed, layouts, retries=3)
     return result.returncode, result.stdout + result.stderr
 
 

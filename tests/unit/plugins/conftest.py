@@ -7,13 +7,11 @@ A private collections tree (a symlink to the repo) is made per test session, so 
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-_TREE = Path(tempfile.mkdtemp(prefix="gpufleet-collections-"))
-(_TREE / "ansible_collections" / "gpufleet").mkdir(parents=True)
-(_TREE / "ansible_collections" / "gpufleet" / "mig").symlink_to(REPO)
-COLLECTIONS_PATH = str(_TREE)
-if COLLECTIONS_PATH not in sys.path:
-    sys.path.insert(0, COLLECTIONS_PATH)
+sys.path.insert(0, str(REPO / "tests"))
+
+from support import collections_path  # noqa: E402
+
+COLLECTIONS_PATH = collections_path()

@@ -1,0 +1,130 @@
+"""`playbooks/site.yml` on the lab inventory in apply mode, against the real apiserver: what a user runs in
+production, with the lab's simulated GPUs. The first run creates everything, a second run changes nothing, and
+a feature switched off takes its object away (apply) or its file (render)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import FakeKubelet, lab_hostvars
+from kubernetes import dynamic
+from kubernetes.client.rest import ApiException
+from support import collections_path, run_playbook
+
+pytestmark = pytest.mark.integration
+
+
+def node_resources(hostvars: dict) -> dict[str, str]:
+    """What the device plugin would advertise for a lab host's layout (mixed strategy)."""
+    collections_path()
+    from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_resources
+
+    resources = mig_node_resources(hostvars["mig_partition_config"], hostvars["gpufleet_gpus_per_node"])
+    return {name: str(count) for name, count in resources.items()}
+
+
+@pytest.fixture(scope="module")
+def lab_nodes(core):
+    """The lab's 20 GPU nodes, registered with the allocatable their layouts imply (the device plugin's
+    after-repartition check then finds them right at once)."""
+    hostvars = lab_hostvars()
+    gpu_hosts = {host: vars_ for host, vars_ in hostvars.items() if "mig_partition_config" in vars_}
+    kubelet = FakeKubelet(core, {host: node_resources(vars_) for host, vars_ in gpu_hosts.items()}).register()
+    yield {host: vars_.get("gpufleet_tenant") for host, vars_ in gpu_hosts.items()}
+    kubelet.stop()
+
+
+@pytest.fixture(scope="module")
+def site_run(control_plane, lab_nodes, tmp_path_factory):
+    """Run site.yml in apply mode; the lab's state (simulated GPUs, host files) in a directory of its own."""
+    lab_dir = tmp_path_factory.mktemp("lab")
+
+    def run(extra: dict | None = None, playbook: str = "playbooks/site.yml"):
+        extra_vars = {
+            "gpufleet_k8s_mode": "apply",
+            "gpufleet_kubeconfig": str(control_plane.kubeconfig),
+            "gpufleet_lab_dir": str(lab_dir),
+            "mig_partition_serial": "100%",
+            **(extra or {}),
+        }
+        result = run_playbook(playbook, "inventories/lab", extra_vars, lab_dir)
+        assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-3000:]
+        return result.stdout
+
+    return run
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP counters per host."""
+    counters = {}
+    for host, fields in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.MULTILINE):
+        counters[host] = {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", fields)}
+    return counters
+
+
+def exists(api, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
+    resource = dynamic.DynamicClient(api).resources.get(api_version=api_version, kind=kind)
+    try:
+        resource.get(name=name, namespace=namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return True
+
+
+def test_site_applies_the_fleet_then_changes_nothing(site_run, api, core, lab_nodes):
+    first = recap(site_run())
+    assert first["localhost"]["changed"] > 0
+    assert first["localhost"]["failed"] == 0
+
+    # What a user would look at after the first run.
+    for node in core.list_node().items:
+        if node.metadata.name not in lab_nodes:
+            continue
+        tenant = lab_nodes[node.metadata.name]
+        assert node.metadata.labels["gpufleet.io/gpu-node"] == "true"
+        assert node.metadata.labels["gpufleet.io/tenant"] == tenant
+        taints = {(t.key, t.value, t.effect) for t in node.spec.taints or []}
+        assert ("gpufleet.io/tenant", tenant, "NoSchedule") in taints, node.metadata.name
+    quotas = {(q.metadata.namespace, q.metadata.name) for q in core.list_resource_quota_for_all_namespaces().items}
+    for namespace in ("llm-inference", "imagegen", "finnlp", "finnlp-batch"):
+        assert any(ns == namespace for ns, _ in quotas), f"no ResourceQuota in {namespace}: {quotas}"
+    expected = [
+        ("scheduling.k8s.io/v1", "PriorityClass", "gpufleet-inference", None),
+        ("scheduling.k8s.io/v1", "PriorityClass", "gpufleet-batch", None),
+        ("apps/v1", "Deployment", "gpufleet-extender", "gpufleet-system"),
+        ("v1", "Service", "gpufleet-extender", "gpufleet-system"),
+        ("v1", "ServiceAccount", "gpufleet-extender", "gpufleet-system"),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole", "gpufleet-extender", None),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "gpufleet-extender", None),
+        ("networking.k8s.io/v1", "NetworkPolicy", "gpufleet-extender", "gpufleet-system"),
+        ("apps/v1", "Deployment", "gpufleet-scheduler", "gpufleet-system"),
+        ("apps/v1", "Deployment", "descheduler", "gpufleet-system"),
+        ("apps/v1", "DaemonSet", "nvidia-device-plugin", "gpufleet-system"),
+        ("apps/v1", "DaemonSet", "dcgm-exporter", "gpufleet-system"),
+    ]
+    missing = [f"{kind} {ns}/{name}" for ver, kind, name, ns in expected if not exists(api, ver, kind, name, ns)]
+    assert missing == []
+
+    second = recap(site_run())
+    changed = {host: counters["changed"] for host, counters in second.items() if counters["changed"]}
+    assert changed == {}, f"the second run changed something: {changed}"
+
+
+def test_a_feature_switched_off_is_removed_in_apply_and_render_mode(site_run, api, control_plane, tmp_path):
+    # Apply mode: the extender's NetworkPolicy goes away from the cluster.
+    site_run({"gpu_extender_network_policy_enabled": True})
+    assert exists(api, "networking.k8s.io/v1", "NetworkPolicy", "gpufleet-extender", "gpufleet-system")
+    site_run({"gpu_extender_network_policy_enabled": False})
+    assert not exists(api, "networking.k8s.io/v1", "NetworkPolicy", "gpufleet-extender", "gpufleet-system")
+
+    # Render mode: its file goes away from the manifests directory.
+    manifests = tmp_path / "manifests"
+    render = {"gpufleet_k8s_mode": "render", "gpufleet_manifests_dir": str(manifests)}
+    site_run({**render, "gpu_extender_network_policy_enabled": True})
+    assert (manifests / "gpu_extender" / "network-policy.yaml").exists()
+    site_run({**render, "gpu_extender_network_policy_enabled": False})
+    assert not (manifests / "gpu_extender" / "network-policy.yaml").exists()
+    assert (manifests / "gpu_extender" / "deployment.yaml").exists()
