@@ -193,6 +193,7 @@ func (r *Refresher) RefreshOnce(ctx context.Context) bool {
 		logger.Info("GPUScore: metrics source answers again")
 	}
 	r.lastError = ""
+	snapshot.Rank(&r.policy)
 	view := &View{Snapshot: snapshot}
 	if r.selector != nil {
 		// auto moves once per new snapshot, never per pod (scoring.ModeSelector, as the extender's service).

@@ -155,6 +155,8 @@ func TestVectorsDecisions(t *testing.T) {
 		}
 		policy := args.Policy()
 		snapshot := snapshotOf(t, c.Nodes)
+		ranked := snapshotOf(t, c.Nodes) // the refresher's form: devices ranked once per snapshot
+		ranked.Rank(&policy)
 		request := requestOf(t, c.Request)
 		for _, name := range c.Candidates {
 			var want Verdict
@@ -176,6 +178,9 @@ func TestVectorsDecisions(t *testing.T) {
 				got = Verdict{false, MinScore, OutcomeTenantMismatch, reason}
 			} else {
 				got = EvaluateNode(name, snapshot.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes)
+				if fromRanked := EvaluateNode(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes); fromRanked != got {
+					t.Errorf("decisions[%d] node %s: ranked snapshot gives %+v, unranked %+v", i, name, fromRanked, got)
+				}
 			}
 			if got != want {
 				t.Errorf("decisions[%d] node %s:\n  extender %+v\n  plugin   %+v", i, name, want, got)

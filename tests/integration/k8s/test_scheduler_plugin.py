@@ -1,0 +1,175 @@
+"""gpufleet-scheduler (kube-scheduler + the GPUScore plugin, k8s/) with the configuration the kube_scheduler role
+renders in plugin mode, on the real control plane: MIG pods bind to the coolest node and never to a node whose
+instances are all above the threshold, and a burst spreads because Reserve counts each placed pod as load before
+any sample shows it.
+
+GPUScore reads Prometheus; a small fake Prometheus on 127.0.0.1 answers its two instant queries from a
+dcgm-exporter exposition (the same series the extender's tests use)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from conftest import ensure_namespace, wait_for
+from controlplane import assets_dir, missing_assets
+from gpufleet_extender.metrics_source import parse_exposition
+from scheduling import BindingWatch, create_nodes, create_pods, gpu_pod, rendered_scheduler_config, write_mig_metrics
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        bool(missing_assets(("gpufleet-scheduler",))),
+        reason=f"no gpufleet-scheduler in {assets_dir()}: run `make k8s-assets`",
+    ),
+]
+
+PROFILE = "1g.10gb"
+RESOURCE = f"nvidia.com/mig-{PROFILE}"
+SCHEDULER = "gpufleet-scheduler"
+
+
+class FakePrometheus:
+    """/api/v1/query for GPUScore's two queries: the dcgm series, and the newest sample time per node."""
+
+    def __init__(self, workdir):
+        self.workdir = workdir
+        self.samples = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def set_loads(self, loads: dict[str, list[float]]) -> None:
+        exposition = write_mig_metrics(self.workdir / "dcgm.prom", loads, profile=PROFILE).read_text()
+        self.samples = list(parse_exposition(exposition))
+
+    def answer(self, query: str) -> list[dict]:
+        now = time.time()
+        if "timestamp(" in query:  # max by (Hostname, hostname) (timestamp(...)) or ...
+            nodes = sorted({sample.labels["Hostname"] for sample in self.samples})
+            return [{"metric": {"Hostname": node}, "value": [now, repr(now)]} for node in nodes]
+        return [
+            {"metric": {"__name__": sample.name, **sample.labels}, "value": [now, repr(sample.value)]}
+            for sample in self.samples
+        ]
+
+    def _handler(self):
+        prometheus = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                query = parse_qs(urlparse(self.path).query).get("query", [""])[0]
+                body = json.dumps(
+                    {"status": "success", "data": {"resultType": "vector", "result": prometheus.answer(query)}}
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        return Handler
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    fake = FakePrometheus(tmp_path)
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def plugin_scheduler(control_plane, prometheus, tmp_path):
+    """gpufleet-scheduler with the role's plugin-mode configuration, reading the fake Prometheus every second."""
+    config = rendered_scheduler_config(
+        tmp_path / "render",
+        kube_scheduler_mode="plugin",
+        kube_scheduler_plugin_extra_args={"prometheusURL": prometheus.url, "metricsRefreshSeconds": 1},
+    )
+    profile = config["profiles"][0]
+    assert profile["schedulerName"] == SCHEDULER and "extenders" not in config
+    assert profile["plugins"]["reserve"] == {"enabled": [{"name": "GPUScore"}]}
+    name = control_plane.start_scheduler(
+        config, binary="gpufleet-scheduler", name=f"gpufleet-scheduler-{tmp_path.name}"
+    )
+    yield name
+    control_plane.stop_component(name)
+
+
+@pytest.fixture
+def namespace(core, request):
+    name = request.node.name.removeprefix("test_").replace("_", "-")[:60].strip("-")
+    ensure_namespace(core, name)
+    bindings = BindingWatch(core, name)
+    yield name, bindings
+    bindings.stop()
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+
+
+def make_pods(core, namespace: str, names: list[str], pool: dict) -> None:
+    pods = [gpu_pod(name, SCHEDULER, {RESOURCE: "1"}) for name in names]
+    for pod in pods:
+        pod.spec.node_selector = pool
+    create_pods(core, namespace, pods)
+
+
+def test_mig_pods_bind_to_the_coolest_node_and_never_to_a_hot_one(core, prometheus, plugin_scheduler, namespace):
+    namespace, bindings = namespace
+    pool = {"gpufleet.test/scheduling": "plugin-threshold"}
+    coolest, cool, hot = "plugin-coolest", "plugin-cool", "plugin-hot"
+    slots = 3
+    create_nodes(core, [coolest, cool, hot], {RESOURCE: str(slots)}, labels=pool)
+    # The refresher's next poll (1 s) sees these nodes; the pods come after it.
+    prometheus.set_loads({coolest: [0.05] * slots, cool: [0.30] * slots, hot: [0.95, 0.92, 0.97]})
+    time.sleep(2.5)
+
+    make_pods(core, namespace, ["first"], pool)
+    assert bindings.wait(1, timeout=60), "the first pod was not bound"
+    assert bindings.bound["first"][0] == coolest
+
+    # Every cool instance and one more pod: the hot node has 3 free instances, all above the threshold, so the
+    # last pod must stay pending rather than land there.
+    make_pods(core, namespace, [f"p{i}" for i in range(2 * slots - 1 + 1)], pool)
+    assert bindings.wait(2 * slots, timeout=60), f"bound: {bindings.bound}"
+    placed = [node for node, _ in bindings.bound.values()]
+    assert sorted(set(placed)) == [cool, coolest]
+    assert placed.count(coolest) == placed.count(cool) == slots
+
+    def refusals():
+        events = core.list_namespaced_event(namespace, field_selector="reason=FailedScheduling").items
+        return [event.message for event in events if "below thresholds" in (event.message or "")]
+
+    messages = wait_for(refusals, timeout=60, what="a FailedScheduling event naming the threshold")
+    assert any(f"{hot}: no {RESOURCE} instance below thresholds" in message for message in messages), messages
+    assert hot not in placed
+
+
+def test_a_burst_spreads_through_in_flight_accounting(core, prometheus, plugin_scheduler, namespace):
+    namespace, bindings = namespace
+    pool = {"gpufleet.test/scheduling": "plugin-burst"}
+    a, b, c = "plugin-burst-a", "plugin-burst-b", "plugin-burst-c"
+    slots = 7
+    create_nodes(core, [a, b, c], {RESOURCE: str(slots)}, labels=pool)
+    # Two idle instances per node, the rest busy: a's score 10, b's 9, c's 7. Without in-flight accounting every
+    # pod of a burst sees a's idle instances and herds there (a has room for all six); with it, each placed pod
+    # takes an idle instance, so a drops to 4 after two pods, then b after two more.
+    busy = [0.6] * (slots - 2)
+    prometheus.set_loads({a: [0.0, 0.0, *busy], b: [0.1, 0.1, *busy], c: [0.3, 0.3, *busy]})
+    time.sleep(2.5)
+
+    burst = 6
+    make_pods(core, namespace, [f"burst-{i}" for i in range(burst)], pool)
+    assert bindings.wait(burst, timeout=60), f"bound: {bindings.bound}"
+    placed = [node for node, _ in bindings.bound.values()]
+    assert {node: placed.count(node) for node in (a, b, c)} == {a: 2, b: 2, c: 2}, placed
