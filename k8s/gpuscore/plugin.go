@@ -164,8 +164,9 @@ func readState(state fwk.CycleState) *cycleState {
 	return s
 }
 
-// verdict is the extender's verdict_of: the tenant rule first, then scoring.evaluate_node.
-func (g *GPUScore) verdict(s *cycleState, node *v1.Node) Verdict {
+// verdict is the extender's verdict_of: the tenant rule first, then scoring.evaluate_node (with the reason text
+// only when reasons is set).
+func (g *GPUScore) verdict(s *cycleState, node *v1.Node, reasons bool) Verdict {
 	name := node.Name
 	if s.tenantCheck {
 		if reason := TenantMismatch(name, node.Labels[g.args.TenantLabel], s.namespace, s.namespaceTenant); reason != "" {
@@ -173,7 +174,7 @@ func (g *GPUScore) verdict(s *cycleState, node *v1.Node) Verdict {
 		}
 	}
 	snapshot := s.view.Snapshot
-	return EvaluateNode(name, snapshot.Nodes[name], s.request, &g.policy, s.now, s.assumed[name], s.view.Modes)
+	return evaluateNode(name, snapshot.Nodes[name], s.request, &g.policy, s.now, s.assumed[name], s.view.Modes, reasons)
 }
 
 func (g *GPUScore) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
@@ -182,10 +183,11 @@ func (g *GPUScore) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod
 	if s == nil || node == nil {
 		return nil
 	}
-	v := g.verdict(s, node)
-	switch {
-	case v.Passed:
+	if g.verdict(s, node, false).Passed {
 		return nil
+	}
+	v := g.verdict(s, node, true)
+	switch {
 	case v.Outcome == OutcomeTenantMismatch:
 		// Preempting pods cannot move a node into another tenant's pool.
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, v.Reason)
@@ -210,7 +212,7 @@ func (g *GPUScore) Score(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	if s == nil || node == nil {
 		return NeutralScore * ScoreScale, nil
 	}
-	return int64(g.verdict(s, node).Score) * ScoreScale, nil
+	return int64(g.verdict(s, node, false).Score) * ScoreScale, nil
 }
 
 func (g *GPUScore) ScoreExtensions() fwk.ScoreExtensions { return nil }

@@ -236,15 +236,19 @@ func figures(d Device, p *Policy) string {
 	return util + ", " + mem
 }
 
-func missing(node, why string, p *Policy) Verdict {
-	reason := fmt.Sprintf("%s: %s (ON_MISSING_METRICS=%s)", node, why, p.missingPolicyName())
+// missing is the verdict on a node without usable metrics; why is called only when reasons are wanted.
+func missing(node string, why func() string, p *Policy, reasons bool) Verdict {
+	reason := ""
+	if reasons {
+		reason = fmt.Sprintf("%s: %s (ON_MISSING_METRICS=%s)", node, why(), p.missingPolicyName())
+	}
 	if p.DenyMissing {
 		return Verdict{false, MinScore, OutcomeMissingDenied, reason}
 	}
 	return Verdict{true, NeutralScore, OutcomeMissingAllowed, reason}
 }
 
-func evaluateResource(node string, ranked []Device, want ResourceRequest, p *Policy, assumed int, mode Mode) Verdict {
+func evaluateResource(node string, ranked []Device, want ResourceRequest, p *Policy, assumed int, mode Mode, reasons bool) Verdict {
 	available := ranked[min(assumed, len(ranked)):]
 	anyBelow := false
 	for _, d := range available {
@@ -254,6 +258,9 @@ func evaluateResource(node string, ranked []Device, want ResourceRequest, p *Pol
 		}
 	}
 	if !anyBelow {
+		if !reasons {
+			return Verdict{false, MinScore, OutcomeOverloaded, ""}
+		}
 		taken := ""
 		if assumed > 0 {
 			taken = fmt.Sprintf("; %d taken by pods bound since the last sample", assumed)
@@ -272,10 +279,16 @@ func evaluateResource(node string, ranked []Device, want ResourceRequest, p *Pol
 	if mode == ModePack {
 		load := rankedMeanLoad(ranked, p, assumed)
 		score := PackScore(load, p.PackTargetUtil)
+		if !reasons {
+			return Verdict{true, score, OutcomePass, ""}
+		}
 		return Verdict{true, score, OutcomePass, fmt.Sprintf("%s: pack%s: %s load %.2f, target %.2f, score %d",
 			node, strategy, want.Resource, load, p.PackTargetUtil, score)}
 	}
 	score := ScoreDevices(available[:min(want.Count, len(available))], want.Count, p)
+	if !reasons {
+		return Verdict{true, score, OutcomePass, ""}
+	}
 	return Verdict{true, score, OutcomePass, fmt.Sprintf("%s: spread%s: %s score %d", node, strategy, want.Resource, score)}
 }
 
@@ -284,28 +297,37 @@ func evaluateResource(node string, ranked []Device, want ResourceRequest, p *Pol
 // auto's choice per resource (fixed strategies ignore it).
 func EvaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, p *Policy, now float64,
 	assumed map[string]int, modes map[string]Mode) Verdict {
+	return evaluateNode(node, metrics, request, p, now, assumed, modes, true)
+}
+
+// evaluateNode without reasons (Reason ""; everything else equal) is the scheduling path's: the reason text is
+// only read when a node fails the filter, so it is built then and not for every node and pod.
+func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, p *Policy, now float64,
+	assumed map[string]int, modes map[string]Mode, reasons bool) Verdict {
 	if len(request) == 0 {
 		return noGPUVerdict
 	}
 	if metrics == nil {
-		return missing(node, "no GPU metrics for this node", p)
+		return missing(node, func() string { return "no GPU metrics for this node" }, p, reasons)
 	}
 	age := now - metrics.SampleTime
 	if p.MaxAgeSeconds > 0 && age > p.MaxAgeSeconds {
-		return missing(node, fmt.Sprintf("GPU metrics are %.0fs old (max %ss)", age, pyG(p.MaxAgeSeconds)), p)
+		why := func() string { return fmt.Sprintf("GPU metrics are %.0fs old (max %ss)", age, pyG(p.MaxAgeSeconds)) }
+		return missing(node, why, p, reasons)
 	}
 	var verdict *Verdict
 	for _, want := range request {
 		var part Verdict
 		devices := metrics.Devices[want.Resource]
 		if len(devices) == 0 {
-			part = missing(node, fmt.Sprintf("no %s %s in the metrics", want.Resource, deviceWord(want.Resource)), p)
+			why := func() string { return fmt.Sprintf("no %s %s in the metrics", want.Resource, deviceWord(want.Resource)) }
+			part = missing(node, why, p, reasons)
 		} else {
 			ranked, ok := metrics.ranked[want.Resource]
 			if !ok {
 				ranked = byLoad(devices, p)
 			}
-			part = evaluateResource(node, ranked, want, p, assumed[want.Resource], p.modeFor(want.Resource, modes))
+			part = evaluateResource(node, ranked, want, p, assumed[want.Resource], p.modeFor(want.Resource, modes), reasons)
 		}
 		if !part.Passed {
 			return part

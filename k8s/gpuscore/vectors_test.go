@@ -181,6 +181,11 @@ func TestVectorsDecisions(t *testing.T) {
 				if fromRanked := EvaluateNode(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes); fromRanked != got {
 					t.Errorf("decisions[%d] node %s: ranked snapshot gives %+v, unranked %+v", i, name, fromRanked, got)
 				}
+				// The scheduling path's form: the same verdict without the reason text.
+				fast := evaluateNode(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes, false)
+				if fast.Reason != "" || fast.Passed != got.Passed || fast.Score != got.Score || fast.Outcome != got.Outcome {
+					t.Errorf("decisions[%d] node %s: without reasons %+v, with %+v", i, name, fast, got)
+				}
 			}
 			if got != want {
 				t.Errorf("decisions[%d] node %s:\n  extender %+v\n  plugin   %+v", i, name, want, got)
