@@ -7,6 +7,7 @@ GPUFLEET_REQUIRE_PROMETHEUS=1 (CI) makes its absence a failure. Every process st
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shutil
 import socket
@@ -244,3 +245,37 @@ def test_decisions_follow_prometheus_and_the_policy_applies_when_it_stops(promet
         assert "gpufleet_extender_ready 0.0" in metrics
     finally:
         stop(extender)
+
+
+def test_a_4mb_body_does_not_stall_the_event_loop(tmp_path):
+    # ~170,000 names no snapshot knows: deciding them takes a while in Python. On the event loop that would hold
+    # up every other request; decided on a worker thread, /healthz keeps answering meanwhile.
+    metrics = write_metrics(tmp_path / "dcgm.prom", {"n1": gpus(0.1)})
+    env = {"METRICS_SOURCE": "file", "METRICS_FILE": str(metrics), "ON_MISSING_METRICS": "deny"}
+    process, url = start_extender(env, tmp_path)
+    names = [f"unknown-node-{i:06d}" for i in range(170_000)]
+    content = json.dumps(names_args(GPU_POD, names)).encode()
+    assert 3_500_000 < len(content) < 4 * 1024 * 1024
+    done: dict[str, float] = {}
+
+    def big_request():
+        started = time.monotonic()
+        answer = httpx.post(f"{url}/prioritize", content=content, timeout=60)
+        done["status"], done["seconds"] = answer.status_code, time.monotonic() - started
+
+    try:
+        worker = threading.Thread(target=big_request)
+        worker.start()
+        latencies = []
+        with httpx.Client(base_url=url, timeout=60) as client:
+            while worker.is_alive():
+                started = time.monotonic()
+                assert client.get("/healthz").status_code == 200
+                latencies.append(time.monotonic() - started)
+                time.sleep(0.01)
+        worker.join()
+        assert done["status"] == 200
+        # A blocked loop answers /healthz only once the big request is done: its latency is about that long.
+        assert len(latencies) >= 3 and max(latencies) < max(0.2, done["seconds"] / 3), (latencies, done)
+    finally:
+        stop(process)

@@ -22,7 +22,7 @@ class Telemetry:
         )
         self.bad_requests = Counter(
             "gpufleet_extender_bad_requests_total",
-            "Requests refused with a 4xx answer, per verb and HTTP status.",
+            "Verb requests answered with anything but 200 (4xx refusals, 500 bugs), per verb and HTTP status.",
             ["verb", "status"],
             registry=self.registry,
         )
