@@ -43,6 +43,13 @@ class Telemetry:
             ["source"],
             registry=self.registry,
         )
+        self.metrics_faults = Counter(
+            "gpufleet_extender_metrics_faults_total",
+            "Faults in data a refresh delivered, per source and kind (out_of_range, future_timestamp: series "
+            "left out; duplicate_series, no_dcgm_series: reported only).",
+            ["source", "fault"],
+            registry=self.registry,
+        )
         self.nodes_with_metrics = Gauge(
             "gpufleet_extender_nodes_with_metrics",
             "Nodes present in the current metrics snapshot.",
