@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from .exceptions import BusyInstanceError, SpecError
-from .spec import GpuTarget
+from .spec import GpuTarget, parse_profile_name
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,13 @@ def validate_target(target_counts: dict[str, int], catalog: Catalog, where: str)
     The message says which constraint failed: unknown profile, a profile's maximum, compute slices, memory slices,
     or (all totals fitting) the placement geometry.
     """
+    partial = sorted(n for n in target_counts if n not in catalog.by_name and _is_partial_compute(n))
+    if partial:
+        raise SpecError(
+            f"{where}: {', '.join(partial)}: compute-instance profiles smaller than their GPU instance are not "
+            "supported (nvidia_mig creates one compute instance spanning each GPU instance); use the "
+            "<G>g.<GB>gb form"
+        )
     unknown = sorted(n for n in target_counts if n not in catalog.by_name)
     if unknown:
         raise SpecError(
@@ -233,6 +240,13 @@ def validate_target(target_counts: dict[str, int], catalog: Catalog, where: str)
             f"placements overlap: {options})"
         )
     return layout
+
+
+def _is_partial_compute(name: str) -> bool:
+    try:
+        return parse_profile_name(name).partial_compute
+    except ValueError:
+        return False
 
 
 def describe_counts(counts: dict[str, int]) -> str:
@@ -299,6 +313,9 @@ def plan_gpu(state: GpuState, target: GpuTarget, catalog: Catalog, force: bool) 
     return plan
 
 
+BUSY_HINT = "; stop them or set force=true"
+
+
 def check_not_busy(state: GpuState, plan: GpuPlan) -> None:
     """Refuse (before any write) to destroy busy instances or to switch the mode of a GPU with processes."""
     problems = [
@@ -313,4 +330,4 @@ def check_not_busy(state: GpuState, plan: GpuPlan) -> None:
             f"(PIDs {', '.join(map(str, state.gpu_pids))})"
         )
     if problems:
-        raise BusyInstanceError("; ".join(problems) + "; stop them or set force=true")
+        raise BusyInstanceError("; ".join(problems) + BUSY_HINT)
