@@ -193,3 +193,20 @@ def test_former_500s_are_counted_4xx(fuzz_client, verb, case):
     assert answer.status_code in (400, 422), answer.text[:300]
     assert answer.json()["detail"] and len(answer.content) < 1000  # the 4301 digits are not echoed
     assert non_200_count(fuzz_client) - counted_before == 1
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "PATCH", "DELETE"])
+@pytest.mark.parametrize("verb", ["/filter", "/prioritize"])
+def test_wrong_methods_are_405_and_counted(fuzz_client, method, verb):
+    counted_before = non_200_count(fuzz_client)
+    answer = fuzz_client.request(method, verb)
+    assert answer.status_code == 405 and answer.headers["allow"] == "POST"
+    assert non_200_count(fuzz_client) - counted_before == 1
+
+
+@pytest.mark.parametrize("length", ["²", "9" * 5000, "-1", "1e3", " 5"])
+def test_odd_content_length_is_400_and_counted(fuzz_client, length):
+    counted_before = non_200_count(fuzz_client)
+    answer = fuzz_client.post("/filter", content=b"{}", headers={"content-length": length.encode()})
+    assert answer.status_code == 400, answer.text
+    assert non_200_count(fuzz_client) - counted_before == 1
