@@ -279,3 +279,32 @@ def test_a_4mb_body_does_not_stall_the_event_loop(tmp_path):
         assert len(latencies) >= 3 and max(latencies) < max(0.2, done["seconds"] / 3), (latencies, done)
     finally:
         stop(process)
+
+
+def test_out_of_range_values_through_a_real_prometheus_leave_the_node_to_the_policy(prometheus, tmp_path):
+    prometheus_url, exporter, _process = prometheus
+    env = {
+        "PROMETHEUS_URL": prometheus_url,
+        "METRICS_REFRESH_SECONDS": "0.5",
+        "PROMETHEUS_TIMEOUT_SECONDS": "3",
+        "ON_MISSING_METRICS": "deny",
+    }
+    extender, url = start_extender(env, tmp_path)
+    try:
+        names = ["hk-gpu-01", "hk-gpu-02"]
+        wait_for("fresh metrics", lambda: filter_names(url, GPU_POD, names)["NodeNames"] == ["hk-gpu-01"])
+        # A broken exporter reports -20 % on the idle-looking node: once that would have won the best score.
+        exporter.fleet = {**exporter.fleet, "hk-gpu-02": gpus(-0.2, 0.0)}
+
+        def refused_as_missing():
+            result = filter_names(url, GPU_POD, names)
+            reason = result["FailedNodes"].get("hk-gpu-02", "")
+            return "no GPU metrics for this node" in reason and result
+
+        wait_for("hk-gpu-02 to count as without metrics", refused_as_missing)
+        warnings = httpx.get(f"{url}/readyz").json()["metrics_source_warnings"]
+        assert any("out of range on hk-gpu-02" in note for note in warnings), warnings
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'gpufleet_extender_metrics_faults_total{fault="out_of_range",source="prometheus"}' in metrics
+    finally:
+        stop(extender)
