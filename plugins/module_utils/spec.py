@@ -105,14 +105,6 @@ def parse_profile_name(name: str) -> ProfileName:
     return ProfileName(compute, gpu, gb, negated=attributes)
 
 
-def canonical_profile(name: str) -> str:
-    """The canonical spelling of a profile name; names that do not parse are returned as they are."""
-    try:
-        return parse_profile_name(name).canonical
-    except ValueError:
-        return name
-
-
 @dataclass(frozen=True)
 class DeviceId:
     """A device-filter entry: PCI device+vendor ID, optionally with the subsystem device+vendor ID.
