@@ -12,7 +12,7 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -141,6 +141,9 @@ def test_fuzz_structured_requests_never_5xx(fuzz_client, payload, verb, bad_utf8
     content, swapped = to_body(payload, bad_utf8, depth)
     counted_before = non_200_count(fuzz_client)
     answer = fuzz_client.post(verb, content=content)
+    event(
+        f"HTTP {answer.status_code}, {'with' if swapped else 'without'} raw bytes swapped in"
+    )  # --hypothesis-show-statistics
     assert answer.status_code in (200, 400, 422), (content[:300], answer.text[:300])
     assert non_200_count(fuzz_client) - counted_before == (answer.status_code != 200)
     answer.content.decode("utf-8")  # never invalid UTF-8 echoed back, in a 200 or a 4xx
@@ -158,6 +161,74 @@ def test_fuzz_structured_requests_never_5xx(fuzz_client, payload, verb, bad_utf8
     kept = result["NodeNames"] if nodes is None else [item["metadata"]["name"] for item in result["Nodes"]["items"]]
     rejected = [*result["FailedNodes"], *result["FailedAndUnresolvableNodes"]]
     assert set(kept) | set(rejected) == set(sent) and not set(kept) & set(rejected)  # never a node not sent
+
+
+# Bodies kube-scheduler could send (right shape, one form) with the hostile values where the extender reads:
+# quantities, node names, labels, and unread fields that travel back in the answer.
+hostile_text = st.text(max_size=6) | st.just(BAD_UTF8)
+well_formed_pod = st.fixed_dictionaries(
+    {
+        "metadata": st.fixed_dictionaries({"name": hostile_text, "namespace": hostile_text}),
+        "spec": st.fixed_dictionaries(
+            {
+                "containers": st.lists(
+                    st.fixed_dictionaries(
+                        {"resources": st.fixed_dictionaries({"limits": st.dictionaries(resource_names, quantities)})}
+                    ),
+                    min_size=1,
+                    max_size=2,
+                )
+            }
+        ),
+    },
+    optional={"status": json_values},
+)
+node_names = st.sampled_from(["hk-gpu-01", "hk-gpu-02", "hk-gpu-03", "n9", BAD_UTF8]) | st.text(min_size=1, max_size=5)
+well_formed = st.one_of(
+    st.fixed_dictionaries(
+        {"Pod": well_formed_pod, "Nodes": st.none(), "NodeNames": st.lists(node_names | st.just(DEEP), max_size=5)}
+    ),
+    st.fixed_dictionaries(
+        {
+            "Pod": well_formed_pod,
+            "NodeNames": st.none(),
+            "Nodes": st.fixed_dictionaries(
+                {
+                    "items": st.lists(
+                        st.fixed_dictionaries(
+                            {
+                                "metadata": st.fixed_dictionaries(
+                                    {"name": node_names, "labels": st.dictionaries(hostile_text, hostile_text)}
+                                ),
+                                "spec": json_values,
+                            }
+                        ),
+                        max_size=4,
+                    )
+                }
+            ),
+        }
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    payload=well_formed,
+    verb=st.sampled_from(["/filter", "/prioritize"]),
+    bad_utf8=st.sampled_from(RAW_BAD_UTF8),
+    depth=st.sampled_from(NESTING),
+)
+def test_fuzz_well_formed_requests_with_hostile_values(fuzz_client, payload, verb, bad_utf8, depth):
+    content, swapped = to_body(payload, bad_utf8, depth)
+    counted_before = non_200_count(fuzz_client)
+    answer = fuzz_client.post(verb, content=content)
+    event(f"HTTP {answer.status_code}, {'with' if swapped else 'without'} raw bytes swapped in")
+    assert answer.status_code in (200, 400, 422), (content[:300], answer.text[:300])
+    assert non_200_count(fuzz_client) - counted_before == (answer.status_code != 200)
+    answer.content.decode("utf-8")
+    body = answer.json()  # valid JSON either way (and valid UTF-8, checked above)
+    assert answer.status_code == 200 or body["detail"]
 
 
 @settings(max_examples=100, deadline=None)
