@@ -131,6 +131,7 @@ class GpuPlan:
     after: list[Slot]
     destroy: list[Instance]
     create: list[Slot]
+    gpu_pids: tuple[int, ...] = ()  # processes on the GPU outside any instance (they block a mode change)
 
     @property
     def changed(self) -> bool:
@@ -306,28 +307,44 @@ def plan_gpu(state: GpuState, target: GpuTarget, catalog: Catalog, force: bool) 
         create, after = [], []
     destroy.sort(key=lambda i: i.start)
     plan = GpuPlan(
-        state.index, state.uuid, state.name, mig_before, target.mig_enabled, set_mode, before, after, destroy, create
+        state.index,
+        state.uuid,
+        state.name,
+        mig_before,
+        target.mig_enabled,
+        set_mode,
+        before,
+        after,
+        destroy,
+        create,
+        state.gpu_pids,
     )
     if not force:
-        check_not_busy(state, plan)
+        check_not_busy(plan)
     return plan
 
 
 BUSY_HINT = "; stop them or set force=true"
 
 
-def check_not_busy(state: GpuState, plan: GpuPlan) -> None:
-    """Refuse (before any write) to destroy busy instances or to switch the mode of a GPU with processes."""
+def busy_problems(plan: GpuPlan) -> list[str]:
+    """What in the plan would disturb running processes: busy instances to destroy, a mode change under processes."""
     problems = [
-        f"GPU {state.index}: instance {i.profile} at slice {i.start} (GPU instance {i.gi_id}"
+        f"GPU {plan.index}: instance {i.profile} at slice {i.start} (GPU instance {i.gi_id}"
         f"{', ' + i.uuid if i.uuid else ''}) has running processes (PIDs {', '.join(map(str, i.pids))})"
         for i in plan.destroy
         if i.pids
     ]
-    if plan.set_mode and state.gpu_pids:
+    if plan.set_mode and plan.gpu_pids:
         problems.append(
-            f"GPU {state.index}: MIG mode must change but processes run on the GPU "
-            f"(PIDs {', '.join(map(str, state.gpu_pids))})"
+            f"GPU {plan.index}: MIG mode must change but processes run on the GPU "
+            f"(PIDs {', '.join(map(str, plan.gpu_pids))})"
         )
+    return problems
+
+
+def check_not_busy(plan: GpuPlan) -> None:
+    """Refuse (before any write) to destroy busy instances or to switch the mode of a GPU with processes."""
+    problems = busy_problems(plan)
     if problems:
         raise BusyInstanceError("; ".join(problems) + BUSY_HINT)

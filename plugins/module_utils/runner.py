@@ -14,7 +14,7 @@ from collections.abc import Callable
 from .exceptions import ApplyError, BusyInstanceError, NvmlError, SpecError
 from .gpu_info import read_instances
 from .nvml import ERROR_CODES, SUCCESS, NvmlInterface, error_name
-from .planner import BUSY_HINT, Catalog, GpuPlan, GpuState, Instance, plan_gpu
+from .planner import BUSY_HINT, Catalog, GpuPlan, GpuState, Instance, busy_problems, plan_gpu
 from .profile_tables import product_table
 from .spec import GpuSelectable, parse_config, targets_for_gpus
 
@@ -225,7 +225,8 @@ def apply(
             _Applier(nvml, catalog, result, reset, progress).run(gpu_plan)
         except NvmlError as exc:
             result["failed"] = True
-            raise ApplyError(_failure_message(result, exc, results), results) from None
+            busy = [problem for other, _catalog in plans for problem in busy_problems(other)]
+            raise ApplyError(_failure_message(result, exc, results, busy), results) from None
     return summarize(results)
 
 
@@ -237,7 +238,7 @@ def summarize(results: list[dict]) -> dict:
     }
 
 
-def _failure_message(failed: dict, exc: NvmlError, results: list[dict]) -> str:
+def _failure_message(failed: dict, exc: NvmlError, results: list[dict], busy: list[str] = ()) -> str:
     def describe(step: dict) -> str:
         if "profile" in step:
             return f"{step['op']} {step['profile']}@{step['start']}"
@@ -251,4 +252,6 @@ def _failure_message(failed: dict, exc: NvmlError, results: list[dict]) -> str:
     untouched = [str(r["index"]) for r in results if r["changed"] and r["index"] > failed["index"]]
     if untouched:
         message += f"; GPUs not attempted: {', '.join(untouched)}"
+    if busy:  # with force: every GPU where processes were in the way, not only the one that failed
+        message += f"; processes in the way (force): {'; '.join(busy)}"
     return message + "; rerun to converge"
