@@ -336,3 +336,21 @@ def test_forced_apply_that_fails_names_every_busy_gpu(sim):
     assert "GPUs not attempted: 1" in result["msg"]
     assert "processes in the way (force): GPU 0: instance 3g.40gb at slice 0" in result["msg"]
     assert "GPU 1: instance 2g.20gb at slice 0 (GPU instance 1" in result["msg"] and "PIDs 202" in result["msg"]
+
+
+def test_gpu_info_reports_what_device_filters_match(sim):
+    nvml = SimulatedNvml(sim.path)
+    nvml.state["gpus"][1].update(name="NVIDIA L4", pci_device_id="0x27B810DE", pci_subsystem_id=None, mig_capable=False)
+    nvml._save()
+    gpus = run_module(nvidia_gpu_info, {"nvml_sim_state": sim.path})["gpus"]
+    assert (gpus[0]["pci_device_id"], gpus[0]["pci_subsystem_id"], gpus[0]["mig_capable"]) == (
+        "0x233010DE",
+        "0x16C110DE",
+        True,
+    )
+    assert (gpus[1]["pci_subsystem_id"], gpus[1]["mig_capable"], gpus[1]["mig_profiles"]) == (None, False, [])
+    # What it reports is what a device-filter with a subsystem ID selects.
+    entry = {"devices": "all", "mig_enabled": True, "mig_devices": {"7g.80gb": 1}}
+    result = mig(sim, [dict(entry, device_filter=[f"{gpus[0]['pci_device_id']}:{gpus[0]['pci_subsystem_id']}"])])
+    assert [g["index"] for g in result["gpus"]] == [0]
+    assert mig(sim, [dict(entry, device_filter=["0x233010DE:0x17A610DE"])])["gpus"] == []
