@@ -252,11 +252,11 @@ def test_a_4mb_body_does_not_stall_the_event_loop(tmp_path):
     # up every other request; decided on a worker thread, /healthz keeps answering meanwhile.
     metrics = write_metrics(tmp_path / "dcgm.prom", {"n1": gpus(0.1)})
     env = {"METRICS_SOURCE": "file", "METRICS_FILE": str(metrics), "ON_MISSING_METRICS": "deny"}
-    process, url = start_extender(env, tmp_path)
     names = [f"unknown-node-{i:06d}" for i in range(170_000)]
     content = json.dumps(names_args(GPU_POD, names)).encode()
     assert 3_500_000 < len(content) < 4 * 1024 * 1024
     done: dict[str, float] = {}
+    process, url = start_extender(env, tmp_path)  # stopped in the finally below
 
     def big_request():
         started = time.monotonic()
