@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from gpufleet_extender.config import load_settings
@@ -28,10 +29,9 @@ def test_warm_builds_the_tables_of_recent_pod_shapes_for_a_new_snapshot():
     assert json.loads(extender.filter(request))["NodeNames"] == ["a"]
     assert json.loads(extender.filter(request))["NodeNames"] == ["a"]  # answered from the memo
     current["snap"] = snapshot(2, {"a": gpus(0.95), "b": gpus(0.1)})
-    extender.warm()
-    view = extender._view
-    assert view.snapshot.version == 2 and len(view.tables) == 1
-    table = next(iter(view.tables.values()))
+    asyncio.run(extender.warm())
+    assert len(extender._tables) == 1
+    table = next(iter(extender._tables.values()))
     assert set(table.priority_json) == {"a", "b"}  # prioritize's answers prepared as well
     # The memo entry belonged to the old table: the same bytes now get the new answer.
     assert json.loads(extender.filter(request))["NodeNames"] == ["b"]
