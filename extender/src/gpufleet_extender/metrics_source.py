@@ -5,7 +5,7 @@ in a new immutable ``MetricsSnapshot``; handlers read whichever snapshot is curr
 
 - ``FileSource``: a Prometheus text exposition file of dcgm-exporter series (the lab, the simulator and
   tests write one). Re-read only when its mtime or size changes; samples without a timestamp are dated by
-  the file's mtime.
+  the file's mtime. Files from WORKER_MIN_BYTES up are parsed in a worker process (parse_worker.py).
 - ``PrometheusSource``: two instant queries: the dcgm series themselves, and the newest sample time per
   node (``timestamp()``), since an instant query's own timestamp is the evaluation time, not the scrape's.
 """
@@ -25,14 +25,19 @@ from typing import Protocol
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet_extender.parse_worker import ParseWorker
 from gpufleet_extender.snapshot import (
     DCGM_METRICS,
     EMPTY_SNAPSHOT,
     MetricsSnapshot,
     Sample,
     build_snapshot,
+    keep_unchanged,
     node_name_of,
+    snapshot_of,
 )
+
+WORKER_MIN_BYTES = 256 * 1024  # about 2,000 lines: smaller files parse in a thread in a few milliseconds
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,20 @@ def parse_exposition(text: str) -> Iterator[Sample]:
             yield Sample(sample.name, sample.labels, float(sample.value), sample.timestamp)
 
 
+def load_file(
+    path: str | os.PathLike[str], node_labels: tuple[str, ...], default_time: float, taken_at: float, version: int
+) -> MetricsSnapshot:
+    """Read and parse a METRICS_FILE into a snapshot (raises MetricsSourceError)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        samples = list(parse_exposition(text))
+    except OSError as exc:
+        raise MetricsSourceError(f"cannot read METRICS_FILE {path}: {exc.strerror}") from None
+    except ValueError as exc:  # the parser's way of saying the text is not an exposition
+        raise MetricsSourceError(f"METRICS_FILE {path} is not Prometheus text format: {exc}") from None
+    return build_snapshot(samples, node_labels, default_time=default_time, taken_at=taken_at, version=version)
+
+
 class FileSource:
     name = "file"
 
@@ -66,6 +85,8 @@ class FileSource:
         self._node_labels = node_labels
         self._clock = clock
         self._seen: tuple[int, int] | None = None
+        self._worker = ParseWorker()
+        self._previous = EMPTY_SNAPSHOT
 
     async def fetch(self, version: int) -> MetricsSnapshot | None:
         try:
@@ -75,20 +96,21 @@ class FileSource:
         signature = (stat.st_mtime_ns, stat.st_size)
         if signature == self._seen:
             return None
-        # Parsing thousands of series takes a while: keep it off the event loop.
-        snapshot = await asyncio.to_thread(self._load, stat.st_mtime, version)
+        if stat.st_size >= WORKER_MIN_BYTES:
+            nodes = await self._worker.load(str(self.path), self._node_labels, stat.st_mtime)
+            snapshot = snapshot_of(nodes, taken_at=self._clock(), version=version)
+        else:  # small: a thread is quicker than a round trip to the worker
+            snapshot = await asyncio.to_thread(self._load, stat.st_mtime, version)
         self._seen = signature
+        self._previous = snapshot
         return snapshot
 
     def _load(self, mtime: float, version: int) -> MetricsSnapshot:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-            samples = list(parse_exposition(text))
-        except OSError as exc:
-            raise MetricsSourceError(f"cannot read METRICS_FILE {self.path}: {exc.strerror}") from None
-        except ValueError as exc:  # the parser's way of saying the text is not an exposition
-            raise MetricsSourceError(f"METRICS_FILE {self.path} is not Prometheus text format: {exc}") from None
-        return build_snapshot(samples, self._node_labels, default_time=mtime, taken_at=self._clock(), version=version)
+        loaded = load_file(self.path, self._node_labels, default_time=mtime, taken_at=self._clock(), version=version)
+        return snapshot_of(keep_unchanged(loaded.nodes, self._previous), loaded.taken_at, version)
+
+    async def aclose(self) -> None:
+        self._worker.close()
 
 
 class PrometheusSource:
@@ -178,6 +200,7 @@ class SnapshotRefresher:
         self.source = source
         self.snapshot: MetricsSnapshot = EMPTY_SNAPSHOT
         self.last_error: str | None = None
+        self.first_attempt = asyncio.Event()  # set once the source answered or failed for the first time
         self._refresh_seconds = refresh_seconds
         self._on_error = on_error
         self._on_update = on_update
@@ -185,6 +208,12 @@ class SnapshotRefresher:
 
     async def refresh_once(self) -> bool:
         """One poll; True when the source answered. Errors are logged and counted, never raised."""
+        try:
+            return await self._refresh()
+        finally:
+            self.first_attempt.set()
+
+    async def _refresh(self) -> bool:
         try:
             fresh = await self.source.fetch(self.snapshot.version + 1)
         except MetricsSourceError as exc:
