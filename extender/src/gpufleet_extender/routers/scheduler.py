@@ -3,17 +3,19 @@
 The routes take the raw body (no pydantic model of a whole Pod and NodeList: msgspec decodes only what
 the extender reads) and answer ready-encoded JSON. Every refusal is a 4xx with a message saying what is
 wrong; kube-scheduler treats any non-200 as the extender failing for that pod.
+
+They are plain Starlette routes on the router: kube-scheduler waits on every call, and FastAPI's per-request
+dependency and signature handling costs more than the handler itself on a memo hit.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from gpufleet_extender.dependencies import ExtenderDep
+from gpufleet_extender.service import Extender
 from gpufleet_extender.wire import WireError
 
 router = APIRouter(tags=["scheduler"])
@@ -42,24 +44,29 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _answer(verb: str, request: Request, extender, handle: Callable[[bytes], bytes]) -> Response:
+async def _answer(verb: str, request: Request) -> Response:
+    extender: Extender = request.app.state.extender
     try:
         body = await read_body(request, extender.settings.MAX_BODY_BYTES)
         # Timed from the whole body in hand: reading it waits on the network and on other requests.
         started = time.perf_counter()
-        answer = handle(body)
+        answer = extender.filter(body) if verb == "filter" else extender.prioritize(body)
     except WireError as exc:
         extender.telemetry.bad_requests.labels(verb, str(exc.status)).inc()
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
-    extender.telemetry.request_seconds.labels(verb).observe(time.perf_counter() - started)
+    extender.telemetry.observe_request(verb, time.perf_counter() - started)
     return Response(content=answer, media_type="application/json")
 
 
-@router.post("/filter", summary="kube-scheduler filter verb (ExtenderArgs -> ExtenderFilterResult)")
-async def filter_nodes(request: Request, extender: ExtenderDep) -> Response:
-    return await _answer("filter", request, extender, extender.filter)
+async def filter_nodes(request: Request) -> Response:
+    """kube-scheduler filter verb (ExtenderArgs -> ExtenderFilterResult)."""
+    return await _answer("filter", request)
 
 
-@router.post("/prioritize", summary="kube-scheduler prioritize verb (ExtenderArgs -> HostPriorityList)")
-async def prioritize_nodes(request: Request, extender: ExtenderDep) -> Response:
-    return await _answer("prioritize", request, extender, extender.prioritize)
+async def prioritize_nodes(request: Request) -> Response:
+    """kube-scheduler prioritize verb (ExtenderArgs -> HostPriorityList)."""
+    return await _answer("prioritize", request)
+
+
+router.add_route("/filter", filter_nodes, methods=["POST"], include_in_schema=False)
+router.add_route("/prioritize", prioritize_nodes, methods=["POST"], include_in_schema=False)
