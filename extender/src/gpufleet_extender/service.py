@@ -370,6 +370,10 @@ class Extender:
                     passed = [i for i in candidates if i not in tenant_failures]
                     outcomes[Outcome.TENANT_MISMATCH] = outcomes.get(Outcome.TENANT_MISMATCH, 0) + len(tenant_failures)
                     unresolvable.update((names[i], reason) for i, reason in tenant_failures.items())
+                    # A node let through without metrics and then refused its pool counts once, as a mismatch.
+                    refused_missing = sum(codes[i] == DecisionTable.MISSING_PASSED for i in tenant_failures)
+                    if refused_missing:
+                        outcomes[Outcome.MISSING_ALLOWED] -= refused_missing
         # Nodes that passed because they asked for no GPU or lacked metrics are counted under their outcome.
         passed_count = len(names) if passed is None else len(passed)
         outcomes[Outcome.PASS] = passed_count - sum(
