@@ -196,7 +196,12 @@ def start_server(metrics_file: Path, **env_overrides: str) -> tuple[subprocess.P
 
 
 def nodes_with_metrics(url: str) -> int:
-    found = re.search(r"^gpufleet_extender_nodes_with_metrics (\S+)$", httpx.get(f"{url}/metrics").text, re.M)
+    """The server's nodes_with_metrics gauge (0 while /metrics does not answer within 5 s)."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return 0
+    found = re.search(r"^gpufleet_extender_nodes_with_metrics (\S+)$", text, re.M)
     return int(float(found.group(1))) if found else 0
 
 
@@ -480,6 +485,16 @@ def asgi_overhead(metrics_file: Path, nodes: int, count: int) -> None:
         stop(bare)
 
 
+async def load(metrics_file: Path, settings: Settings) -> MetricsSnapshot:
+    source = FileSource(metrics_file, settings.NODE_NAME_LABELS)
+    try:
+        return await source.fetch(1)
+    finally:
+        aclose = getattr(source, "aclose", None)  # the parse worker process, where there is one
+        if aclose is not None:
+            await aclose()
+
+
 SECTIONS = ("inproc", "http", "binding", "shapes", "reload", "startup", "asgi")
 
 
@@ -511,7 +526,7 @@ def main() -> int:
             MAX_BODY_BYTES=256 * 1024 * 1024,
             KUBE_API="off",
         )
-        snapshot = asyncio.run(FileSource(metrics_file, settings.NODE_NAME_LABELS).fetch(1))
+        snapshot = asyncio.run(load(metrics_file, settings))
         print(
             f"fleet: {largest} nodes x 8 H100 (1 in 4 split 3g.40gb + 2x 2g.20gb), "
             f"{metrics_file.stat().st_size / 1e6:.1f} MB of dcgm-exporter text, "

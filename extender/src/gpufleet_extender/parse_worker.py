@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import pickle
+import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 
@@ -31,6 +34,17 @@ def load_rows(path: str, node_labels: tuple[str, ...], mtime: float) -> list[byt
     ]
 
 
+def _exit_with(parent: int) -> None:
+    """Worker initializer: end when the server process is gone, however it ended (kill -9 included)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 class ParseWorker:
     """One worker process, started on first use (spawned: the parent runs watch threads, fork is unsafe)."""
 
@@ -41,7 +55,12 @@ class ParseWorker:
 
     async def load(self, path: str, node_labels: tuple[str, ...], mtime: float) -> dict[str, NodeMetrics]:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_exit_with,
+                initargs=(os.getpid(),),
+            )
         loop = asyncio.get_running_loop()
         chunks = await loop.run_in_executor(self._pool, load_rows, path, node_labels, mtime)
         kept = self._kept
