@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 
+from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import load_settings
 from gpufleet_extender.exposition import render_exposition
 from gpufleet_extender.metrics_source import parse_exposition
 from gpufleet_extender.service import Extender
 from gpufleet_extender.snapshot import build_snapshot
 
-from extender_helpers import body, gpus, make_pod, names_args
+from extender_helpers import body, gpus, make_pod, names_args, node_obj, nodes_args
 
 NOW = 1_700_000_000.0
 GPU_POD = make_pod({"nvidia.com/gpu": "1"})
@@ -53,3 +54,16 @@ def test_stale_time_alone_changes_verdicts_without_a_new_snapshot():
     answer = json.loads(extender.filter(request))
     assert answer["NodeNames"] == [] and "31s old" in answer["FailedNodes"]["a"]
     assert not extender.ready()
+
+
+def test_a_node_without_metrics_refused_its_pool_in_the_nodes_form_is_counted_once():
+    cluster = ClusterState("gpufleet.io/tenant", 120)
+    cluster.replace("Namespace", [{"metadata": {"name": "team-a", "labels": {"gpufleet.io/tenant": "a"}}}])
+    extender = Extender(load_settings(KUBE_API="off"), cluster=cluster, clock=lambda: NOW)
+    request = body(nodes_args(GPU_POD, [node_obj("x", {"gpufleet.io/tenant": "b"}), node_obj("y")]))
+    answer = json.loads(extender.filter(request))  # used to raise: the pass count went negative
+    assert list(answer["FailedAndUnresolvableNodes"]) == ["x"]
+    assert [item["metadata"]["name"] for item in answer["Nodes"]["items"]] == ["y"]
+    samples = extender.telemetry.decisions.collect()[0].samples
+    counted = {s.labels["outcome"]: s.value for s in samples if s.name.endswith("_total")}
+    assert counted == {"tenant_mismatch": 1, "missing_metrics_allowed": 1}
