@@ -5,7 +5,7 @@ in a new immutable ``MetricsSnapshot``; handlers read whichever snapshot is curr
 
 - ``FileSource``: a Prometheus text exposition file of dcgm-exporter series (the lab, the simulator and
   tests write one). Re-read only when its mtime or size changes; samples without a timestamp are dated by
-  the file's mtime.
+  the file's mtime. Files from WORKER_MIN_BYTES up are parsed in a worker process (parse_worker.py).
 - ``PrometheusSource``: two instant queries: the dcgm series themselves, and the newest sample time per
   node (``timestamp()``), since an instant query's own timestamp is the evaluation time, not the scrape's.
   PROMETHEUS_TIMEOUT_SECONDS bounds the whole refresh (httpx's own timeout is per read: a Prometheus that
@@ -35,6 +35,7 @@ from typing import Protocol
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet_extender.parse_worker import ParseWorker
 from gpufleet_extender.snapshot import (
     DCGM_METRICS,
     EMPTY_SNAPSHOT,
@@ -45,8 +46,12 @@ from gpufleet_extender.snapshot import (
     MetricsSnapshot,
     Sample,
     build_snapshot,
+    keep_unchanged,
     node_name_of,
+    snapshot_of,
 )
+
+WORKER_MIN_BYTES = 256 * 1024  # about 2,000 lines: smaller files parse in a thread in a few milliseconds
 
 log = logging.getLogger(__name__)
 
@@ -182,10 +187,33 @@ def parse_exposition(text: str) -> Iterator[Sample]:
             yield Sample(sample.name, sample.labels, float(sample.value), sample.timestamp)
 
 
+def load_file(
+    path: str | os.PathLike[str],
+    node_labels: tuple[str, ...],
+    default_time: float,
+    taken_at: float,
+    version: int,
+) -> tuple[MetricsSnapshot, FetchReport]:
+    """Read, parse and screen a METRICS_FILE into a snapshot and what was wrong in it (raises MetricsSourceError).
+    Runs in this process (small files) or in the parse worker (large ones)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        samples = list(parse_exposition(text))
+    except OSError as exc:
+        raise MetricsSourceError(f"cannot read METRICS_FILE {path}: {exc.strerror}") from None
+    except ValueError as exc:  # the parser's way of saying the text is not an exposition (or not UTF-8)
+        raise MetricsSourceError(f"METRICS_FILE {path} is not Prometheus text format: {exc}") from None
+    report = FetchReport()
+    samples = screen_samples(samples, node_labels, report)
+    snapshot = build_snapshot(samples, node_labels, default_time=default_time, taken_at=taken_at, version=version)
+    return snapshot, report
+
+
 class FileSource:
     name = "file"
     # A refresh stuck longer than this (a hung network filesystem) is reported as an error by the refresher.
-    deadline = 30.0
+    # Generous: a million-line file takes the parse worker a minute or more on a small machine.
+    deadline = 300.0
 
     def __init__(
         self,
@@ -200,33 +228,36 @@ class FileSource:
         self._max_skew = max_skew
         self._seen: tuple[int, int] | None = None
         self.report: FetchReport | None = None
+        self._worker = ParseWorker()
+        self._previous = EMPTY_SNAPSHOT
 
     async def fetch(self, version: int) -> MetricsSnapshot | None:
         try:
-            stat = os.stat(self.path)
+            stat = self.path.stat()
         except OSError as exc:
             raise MetricsSourceError(f"cannot stat METRICS_FILE {self.path}: {exc.strerror}") from None
         signature = (stat.st_mtime_ns, stat.st_size)
         if signature == self._seen:
             return None
-        # Parsing thousands of series takes a while: keep it off the event loop.
-        snapshot, self.report = await asyncio.to_thread(self._load, stat.st_mtime, version)
+        if stat.st_size >= WORKER_MIN_BYTES:
+            nodes, report = await self._worker.load(str(self.path), self._node_labels, stat.st_mtime)
+            snapshot = snapshot_of(nodes, taken_at=self._clock(), version=version)
+        else:  # small: a thread is quicker than a round trip to the worker
+            snapshot, report = await asyncio.to_thread(self._load, stat.st_mtime, version)
+        snapshot = drop_future_nodes(snapshot, self._clock(), self._max_skew, report)
         self._seen = signature
+        self._previous = snapshot
+        self.report = report
         return snapshot
 
     def _load(self, mtime: float, version: int) -> tuple[MetricsSnapshot, FetchReport]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-            samples = list(parse_exposition(text))
-        except OSError as exc:
-            raise MetricsSourceError(f"cannot read METRICS_FILE {self.path}: {exc.strerror}") from None
-        except ValueError as exc:  # the parser's way of saying the text is not an exposition (or not UTF-8)
-            raise MetricsSourceError(f"METRICS_FILE {self.path} is not Prometheus text format: {exc}") from None
-        report = FetchReport()
-        samples = screen_samples(samples, self._node_labels, report)
-        now = self._clock()
-        snapshot = build_snapshot(samples, self._node_labels, default_time=mtime, taken_at=now, version=version)
-        return drop_future_nodes(snapshot, now, self._max_skew, report), report
+        loaded, report = load_file(
+            self.path, self._node_labels, default_time=mtime, taken_at=self._clock(), version=version
+        )
+        return snapshot_of(keep_unchanged(loaded.nodes, self._previous), loaded.taken_at, version), report
+
+    async def aclose(self) -> None:
+        self._worker.close()
 
 
 class PrometheusSource:
@@ -338,6 +369,7 @@ class SnapshotRefresher:
         self.snapshot: MetricsSnapshot = EMPTY_SNAPSHOT
         self.last_error: str | None = None
         self.warnings: list[str] = []  # what the last delivered snapshot's refresh found wrong (for /readyz)
+        self.first_attempt = asyncio.Event()  # set once the source answered or failed for the first time
         self._refresh_seconds = refresh_seconds
         self._on_error = on_error
         self._on_update = on_update
@@ -348,6 +380,12 @@ class SnapshotRefresher:
 
     async def refresh_once(self) -> bool:
         """One poll; True when the source answered. Errors are logged and counted, never raised."""
+        try:
+            return await self._refresh()
+        finally:
+            self.first_attempt.set()
+
+    async def _refresh(self) -> bool:
         try:
             async with asyncio.timeout(self._deadline):
                 fresh = await self.source.fetch(self.snapshot.version + 1)

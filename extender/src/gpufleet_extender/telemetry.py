@@ -20,6 +20,7 @@ class Telemetry:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._request_children: dict[str, Histogram] = {}
         self.bad_requests = Counter(
             "gpufleet_extender_bad_requests_total",
             "Verb requests answered with anything but 200 (4xx refusals, 500 bugs), per verb and HTTP status.",
@@ -100,6 +101,13 @@ class Telemetry:
             self.fleet_mean_load.labels(resource).set(load)
         for resource in changed:
             self.scoring_mode_switches.labels(resource, modes[resource]).inc()
+
+    def observe_request(self, verb: str, seconds: float) -> None:
+        """The request_seconds histogram of ``verb`` (children cached: ``labels()`` takes a lock per call)."""
+        child = self._request_children.get(verb)
+        if child is None:
+            child = self._request_children[verb] = self.request_seconds.labels(verb)
+        child.observe(seconds)
 
     def bind_live_values(self, metrics_age: Callable[[], float], ready: Callable[[], bool]) -> None:
         """Gauges computed when scraped, so they are right even while nothing else happens."""

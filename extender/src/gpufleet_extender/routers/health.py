@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -11,9 +11,12 @@ from gpufleet_extender.dependencies import ExtenderDep
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+async def healthz(request: Request) -> Response:
+    """Liveness: answers as soon as the server listens, the first snapshot loaded or not."""
+    return Response(b'{"status":"ok"}', media_type="application/json")
+
+
+router.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
 
 
 @router.get("/readyz")
@@ -21,6 +24,7 @@ async def readyz(extender: ExtenderDep) -> JSONResponse:
     age = extender.metrics_age()
     body = {
         "ready": extender.ready(),
+        "loading": extender.loading(),
         "metrics_age_seconds": None if age == float("inf") else round(age, 3),
         "on_missing_metrics": extender.policy.missing_policy_name,
         "metrics_source": extender.settings.METRICS_SOURCE.value,
