@@ -73,8 +73,13 @@ def create_app(
             api = k8s_watch.connect(settings.KUBE_API)
             if api is not None:
                 state = ClusterState(settings.TENANT_LABEL, settings.INFLIGHT_MAX_SECONDS)
-                watcher = k8s_watch.ClusterWatcher(api, state)
+                watcher = k8s_watch.ClusterWatcher(
+                    api, state, on_error=lambda kind, status: telemetry.kube_api_errors.labels(kind, status).inc()
+                )
                 watcher.start()
+        # Kinds the API refuses to the extender (missing RBAC): /readyz reports them and answers 503.
+        refused = watcher.refused if watcher is not None else dict
+        app.state.kube_api_refused = refused
         extender = Extender(
             settings,
             telemetry,
@@ -82,7 +87,7 @@ def create_app(
             snapshot_provider=lambda: refresher.snapshot,
             source_error=lambda: refresher.last_error,
         )
-        telemetry.bind_live_values(extender.metrics_age, extender.ready)
+        telemetry.bind_live_values(extender.metrics_age, lambda: extender.ready() and not refused())
         app.state.extender = extender
         extenders.append(extender)
         await refresher.refresh_once()  # serve the first requests with data when the source answers at once

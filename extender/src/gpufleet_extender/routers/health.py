@@ -1,8 +1,12 @@
-"""GET /healthz (the process serves), /readyz (decisions can be trusted), /metrics (prometheus-client)."""
+"""GET /healthz (the process serves), /readyz (decisions can be trusted), /metrics (prometheus-client).
+
+/readyz is 503 while metrics are required and missing (ON_MISSING_METRICS=deny), or while the Kubernetes API refuses
+a list or watch the extender needs (``kube_api_errors``: kind -> the API's message).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -17,14 +21,17 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(extender: ExtenderDep) -> JSONResponse:
+async def readyz(extender: ExtenderDep, request: Request) -> JSONResponse:
     age = extender.metrics_age()
+    # Lists/watches the Kubernetes API refuses (missing RBAC): decisions would ignore what they feed.
+    refused = getattr(request.app.state, "kube_api_refused", dict)()
     body = {
-        "ready": extender.ready(),
+        "ready": extender.ready() and not refused,
         "metrics_age_seconds": None if age == float("inf") else round(age, 3),
         "on_missing_metrics": extender.policy.missing_policy_name,
         "metrics_source": extender.settings.METRICS_SOURCE.value,
         "metrics_source_error": extender.source_error(),
+        "kube_api_errors": refused,
     }
     return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
