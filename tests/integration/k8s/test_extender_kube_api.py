@@ -159,6 +159,28 @@ def bind_gpu_pod(core, namespace: str, name: str, node: str, gpus: int = 1) -> N
     core.create_namespaced_pod_binding(name, namespace, binding, _preload_content=False)
 
 
+def assumed_devices(process: ExtenderProcess, pod: dict, names: list[str]) -> float | None:
+    """`_inflight_assumed_pods` (devices taken by pods no sample covers) as of a request just made: the gauge is
+    updated when a request needs the cluster's current state."""
+    process.filter(pod, names)
+    return process.metric("gpufleet_extender_inflight_assumed_pods")
+
+
+def report_running(core, namespace: str, name: str) -> None:
+    """What a kubelet reports once the pod's container started."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    container = {
+        "name": "main",
+        "image": "registry.invalid/cuda:12",
+        "imageID": "",
+        "ready": True,
+        "restartCount": 0,
+        "state": {"running": {"startedAt": now}},
+    }
+    status = {"phase": "Running", "startTime": now, "containerStatuses": [container]}
+    core.patch_namespaced_pod_status(name, namespace, {"status": status})
+
+
 def delete_pods(core, namespace: str) -> None:
     for pod in core.list_namespaced_pod(namespace).items:
         try:
@@ -256,13 +278,13 @@ def namespace(core, request):
 
 
 # --- 1. in-flight accounting -------------------------------------------------------------------------------------
-def test_inflight_accounting_counts_real_bindings(core, extender, namespace):
+def test_inflight_accounting_counts_real_bindings(core, extender, namespace, metrics_file):
     idle, busy = "xk-inflight-idle", "xk-inflight-busy"
     pod = request_pod(namespace)
     before = extender.scores(pod, [idle, busy])
     assert before[idle] > before[busy], before  # the idle node is preferred while nothing is bound to it
     assert extender.filter(pod, [idle, busy])["NodeNames"] == [idle, busy]
-    assumed_before = extender.metric("gpufleet_extender_inflight_assumed_pods")
+    assumed_before = assumed_devices(extender, pod, [idle, busy])
 
     # Two 1-GPU pods bound to the idle node take both its GPUs, though the (static) metrics still show them idle.
     for index in range(2):
@@ -279,14 +301,34 @@ def test_inflight_accounting_counts_real_bindings(core, extender, namespace):
     )
     after = extender.scores(pod, [idle, busy])
     assert after[idle] == 0 and after[busy] == before[busy], (before, after)
-    assert extender.metric("gpufleet_extender_inflight_assumed_pods") == assumed_before + 2
+    assert assumed_devices(extender, pod, [idle, busy]) == assumed_before + 2
 
-    # The pods go (DELETED events): the node is free and preferred again.
-    delete_pods(core, namespace)
+    # One pod goes (a DELETED event): one GPU is free again, the node passes.
+    core.delete_namespaced_pod("bound-0", namespace, grace_period_seconds=0)
     wait_for(
-        lambda: extender.scores(pod, [idle, busy]) == before, timeout=20, what="the idle node to be preferred again"
+        lambda: extender.filter(pod, [idle, busy])["NodeNames"] == [idle, busy],
+        timeout=20,
+        what="the deleted pod's GPU to be free again",
     )
-    assert extender.metric("gpufleet_extender_inflight_assumed_pods") == assumed_before
+    assert assumed_devices(extender, pod, [idle, busy]) == assumed_before + 1
+
+    # The other one runs (its container's startedAt, as a kubelet reports it): still assumed, no sample shows it yet.
+    report_running(core, namespace, "bound-1")
+    wait_for(
+        lambda: core.read_namespaced_pod("bound-1", namespace).status.container_statuses,
+        what="the pod's running status",
+    )
+    assert extender.filter(pod, [idle, busy])["NodeNames"] == [idle, busy]
+    assert assumed_devices(extender, pod, [idle, busy]) == assumed_before + 1
+    # dcgm-exporter's next sample, taken after the container started, covers it: nothing is assumed any more.
+    time.sleep(1.1)  # startedAt has whole seconds: the new sample must be dated after it
+    metrics_file.write_text(metrics_file.read_text())
+    wait_for(
+        lambda: assumed_devices(extender, pod, [idle, busy]) == assumed_before,
+        timeout=20,
+        what="a newer sample to cover the running pod",
+    )
+    assert extender.scores(pod, [idle, busy]) == before
 
 
 # --- 2. tenant pools ---------------------------------------------------------------------------------------------
