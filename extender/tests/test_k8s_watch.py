@@ -73,6 +73,16 @@ def test_watcher_lists_then_applies_events_and_relists_after_an_error(monkeypatc
     assert state.namespace_tenant("img") == (False, None)  # deleted by the last event
 
 
+class Unauthorized(Exception):
+    """What the kubernetes client raises for a 401 (kubernetes.client.rest.ApiException's attributes)."""
+
+    def __init__(self):
+        super().__init__("(401)\nReason: Unauthorized\n")
+        self.status = 401
+        self.reason = "Unauthorized"
+        self.body = json.dumps({"kind": "Status", "code": 401, "message": "Unauthorized", "reason": "Unauthorized"})
+
+
 class Forbidden(Exception):
     """What the kubernetes client raises for a 403 (kubernetes.client.rest.ApiException's attributes)."""
 
@@ -170,3 +180,16 @@ def test_describe_error_keeps_the_apis_message_on_one_line():
         None,
         "Response ended prematurely",
     )
+
+
+def test_rejected_credentials_are_an_error_about_the_credentials(caplog):
+    def list_nodes(**kwargs):
+        raise Unauthorized()
+
+    watcher = k8s_watch.ClusterWatcher(None, ClusterState("gpufleet.io/tenant", 120), lists={"Node": list_nodes})
+    watcher._stop = RecordingStop(rounds=1)
+    watcher._run("Node")
+
+    assert watcher.refused() == {"Node": "401 Unauthorized: Unauthorized"}
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "does not accept the extender's credentials" in record.getMessage()

@@ -27,7 +27,11 @@ log = logging.getLogger(__name__)
 
 _WATCH_TIMEOUT_SECONDS = 60  # the server ends each watch after this; the loop re-checks stop() between
 _RETRY_SECONDS = (1, 2, 5, 10, 30)
-_REFUSED_STATUSES = (401, 403)
+# What the API refusing a list or watch means, per HTTP status: a configuration problem, not a passing one.
+_REFUSED = {
+    401: "the API does not accept the extender's credentials (an expired or revoked ServiceAccount token?)",
+    403: "the extender needs get, list and watch on pods, nodes and namespaces (the gpu_extender role's ClusterRole)",
+}
 _FEATURE = {"Pod": "in-flight accounting", "Node": "tenant pools", "Namespace": "tenant pools"}
 
 
@@ -165,15 +169,15 @@ class ClusterWatcher:
                 failures += 1
                 status, detail = describe_error(exc)
                 self._on_error(kind, str(status or "error"))
-                if status in _REFUSED_STATUSES:
+                if status in _REFUSED:
                     self._refused[kind] = detail
                     log.error(
                         "the Kubernetes API refuses the extender's %s watch (%s): %s cannot be trusted until it "
-                        "may; the extender needs get, list and watch on pods, nodes and namespaces (the gpu_extender "
-                        "role's ClusterRole); /readyz answers 503 meanwhile; listing again in %ss",
+                        "may; %s; /readyz answers 503 meanwhile; listing again in %ss",
                         kind,
                         detail,
                         _FEATURE.get(kind, kind),
+                        _REFUSED[status],
                         delay,
                     )
                 else:

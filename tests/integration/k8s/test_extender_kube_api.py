@@ -551,3 +551,18 @@ def test_rbac_one_permission_less_fails_clearly(
             pools_and_bindings_work(core, process, namespace)
     finally:
         rbac.replace_cluster_role(name, cluster_role)
+
+
+def test_a_token_the_apiserver_rejects_fails_clearly(control_plane, nodes, metrics_file, tmp_path):
+    """A revoked or expired token (here: not one the apiserver issued) is refused for every kind, and said so."""
+    kubeconfig = kubeconfig_for_token(control_plane, "not-a-token-this-apiserver-issued", tmp_path / "kubeconfig")
+    with ExtenderProcess(tmp_path, kubeconfig, metrics_file) as process:
+        status, body = wait_for(
+            lambda: (r := process.readyz()) and len(r[1]["kube_api_errors"]) == 3 and r,
+            timeout=30,
+            what="/readyz to report the rejected token for pods, nodes and namespaces",
+        )
+        assert status == 503 and body["ready"] is False
+        assert body["kube_api_errors"] == dict.fromkeys(("Pod", "Node", "Namespace"), "401 Unauthorized: Unauthorized")
+        assert "does not accept the extender's credentials" in process.log(), process.log()
+        assert process.metric("gpufleet_extender_kube_api_errors_total", '{kind="Pod",status="401"}') >= 1
