@@ -93,6 +93,13 @@ bench-mig: venv collection-link
 bench-extender: venv
 	python extender/benchmarks/bench_extender.py
 
+# The real kube-scheduler's pods/s without the extender, with it (KUBE_API on, as deployed) and with the GPUScore
+# plugin, side by side; minutes at the default size. NODES=5000 for the large fleet.
+NODES ?= 1000
+PODS ?= 1000
+bench-scheduler: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets)
+	python benchmarks/bench_scheduler.py --nodes $(NODES) --pods $(PODS)
+
 sanity: venv
 	tests/sanity/run.sh
 

@@ -13,6 +13,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,6 +56,39 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def try_render(
+    roles: list[str], tmp_path: Path, inventory: str = "inventories/lab", extra_vars=None
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run the given roles on localhost in render mode; return the run and the manifests directory.
+
+    For tests that expect a refusal: they assert on the run's output and that nothing was rendered."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    manifests = tmp_path / "manifests"
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [{"name": "Render for tests", "hosts": "localhost", "gather_facts": False, "roles": roles}],
+            sort_keys=False,
+        )
+    )
+    all_vars = {
+        "gpufleet_k8s_mode": "render",
+        "gpufleet_manifests_dir": str(manifests),
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+    }
+    all_vars.update(extra_vars or {})
+    return run_playbook(str(playbook), inventory, all_vars, tmp_path), manifests
+
+
+def render_roles(roles: list[str], tmp_path: Path, inventory: str = "inventories/lab", extra_vars=None) -> Path:
+    """Run the given roles on localhost in render mode; return the manifests directory (the test fails if it fails)."""
+    result, manifests = try_render(roles, tmp_path, inventory, extra_vars)
+    if result.returncode != 0:
+        pytest.fail(f"rendering {roles} failed:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}")
+    return manifests
 
 
 def run_role(

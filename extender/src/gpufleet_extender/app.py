@@ -29,8 +29,15 @@ log = logging.getLogger(__name__)
 
 def build_source(settings: Settings) -> MetricsSource:
     if settings.METRICS_SOURCE is MetricsSourceKind.FILE:
-        return FileSource(settings.METRICS_FILE, settings.NODE_NAME_LABELS)
-    return PrometheusSource(settings.PROMETHEUS_URL, settings.NODE_NAME_LABELS, settings.PROMETHEUS_TIMEOUT_SECONDS)
+        return FileSource(
+            settings.METRICS_FILE, settings.NODE_NAME_LABELS, max_skew=settings.METRICS_MAX_CLOCK_SKEW_SECONDS
+        )
+    return PrometheusSource(
+        settings.PROMETHEUS_URL,
+        settings.NODE_NAME_LABELS,
+        settings.PROMETHEUS_TIMEOUT_SECONDS,
+        max_skew=settings.METRICS_MAX_CLOCK_SKEW_SECONDS,
+    )
 
 
 def create_app(
@@ -63,6 +70,7 @@ def create_app(
         settings.METRICS_REFRESH_SECONDS,
         on_error=lambda name: telemetry.source_errors.labels(name).inc(),
         on_update=on_update,
+        on_fault=lambda name, fault, count: telemetry.metrics_faults.labels(name, fault).inc(count),
     )
 
     @contextlib.asynccontextmanager
@@ -86,6 +94,7 @@ def create_app(
             state,
             snapshot_provider=lambda: refresher.snapshot,
             source_error=lambda: refresher.last_error,
+            source_warnings=lambda: refresher.warnings,
         )
         telemetry.bind_live_values(extender.metrics_age, lambda: extender.ready() and not refused())
         app.state.extender = extender

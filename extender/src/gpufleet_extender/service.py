@@ -136,9 +136,11 @@ class Extender:
         snapshot_provider: Callable[[], MetricsSnapshot] = lambda: EMPTY_SNAPSHOT,
         clock: Callable[[], float] = time.time,
         source_error: Callable[[], str | None] = lambda: None,
+        source_warnings: Callable[[], list[str]] = list,
     ):
         self.settings = settings
         self.source_error = source_error  # the metrics source's last error, for /readyz
+        self.source_warnings = source_warnings  # what the last refresh found wrong in the data, for /readyz
         self.policy = Policy.from_settings(settings)
         self.telemetry = telemetry or Telemetry()
         self.cluster = cluster  # None: no Kubernetes API (no in-flight accounting, tenants only from Nodes)

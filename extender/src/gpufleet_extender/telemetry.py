@@ -22,7 +22,7 @@ class Telemetry:
         )
         self.bad_requests = Counter(
             "gpufleet_extender_bad_requests_total",
-            "Requests refused with a 4xx answer, per verb and HTTP status.",
+            "Verb requests answered with anything but 200 (4xx refusals, 500 bugs), per verb and HTTP status.",
             ["verb", "status"],
             registry=self.registry,
         )
@@ -41,6 +41,13 @@ class Telemetry:
             "gpufleet_extender_metrics_source_errors_total",
             "Failed refreshes of the metrics snapshot, per source.",
             ["source"],
+            registry=self.registry,
+        )
+        self.metrics_faults = Counter(
+            "gpufleet_extender_metrics_faults_total",
+            "Faults in data a refresh delivered, per source and kind (out_of_range, future_timestamp: series "
+            "left out; duplicate_series, no_dcgm_series: reported only).",
+            ["source", "fault"],
             registry=self.registry,
         )
         self.nodes_with_metrics = Gauge(

@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))
 
 from controlplane import ControlPlane, assets_dir, missing_assets  # noqa: E402
+from scheduling import node_status, register_node  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -111,35 +112,18 @@ class FakeKubelet:
 
     def register(self) -> FakeKubelet:
         for name in self.allocatable:
-            node = k8s.V1Node(metadata=k8s.V1ObjectMeta(name=name, labels=self.labels.get(name)))
             try:
-                self.core.create_node(node)
+                register_node(self.core, name, self.allocatable[name], self.labels.get(name))
             except ApiException as err:
                 if err.status != 409:
                     raise
-            self.set_allocatable(name, self.allocatable[name])
+                self.set_allocatable(name, self.allocatable[name])
         return self
 
     def set_allocatable(self, node: str, resources: dict[str, str]) -> None:
         """Report capacity = allocatable = resources (plus CPU, memory and pods) and Ready, as a kubelet's status."""
         self.allocatable[node] = dict(resources)
-        full = {"cpu": "64", "memory": "512Gi", "pods": "110", **resources}
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        status = {
-            "capacity": full,
-            "allocatable": full,
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "KubeletReady",
-                    "message": "fake kubelet",
-                    "lastHeartbeatTime": now,
-                    "lastTransitionTime": now,
-                }
-            ],
-        }
-        self.core.patch_node_status(node, {"status": status})
+        self.core.patch_node_status(node, node_status(resources))
 
     def run_pods(self, namespace: str | None = None) -> None:
         """Mark every bound, pending pod on our nodes Running and Ready (what a kubelet reports once it starts)."""

@@ -6,7 +6,6 @@ what `apply` mode hands to kubernetes.core (both modes share the k8s_manifests r
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,44 +16,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))
 
-from support import free_port, run_playbook  # noqa: E402  (re-exported to the tests)
+from support import free_port, render_roles, run_playbook, try_render  # noqa: E402, F401  (re-exported to the tests)
 
 # The Kubernetes version manifests are validated against (strict: unknown fields fail).
 KUBERNETES_VERSION = "1.37.0"
 # Kinds that are not in the core OpenAPI schemas (CRDs); their roles validate them with their own checks.
 CUSTOM_KINDS = {"ServiceMonitor", "KubeSchedulerConfiguration", "DeschedulerPolicy"}
-
-
-def try_render(
-    roles: list[str], tmp_path: Path, inventory: str = "inventories/lab", extra_vars=None
-) -> tuple[subprocess.CompletedProcess, Path]:
-    """Run the given roles on localhost in render mode; return the run and the manifests directory.
-
-    For tests that expect a refusal: they assert on the run's output and that nothing was rendered."""
-    manifests = tmp_path / "manifests"
-    playbook = tmp_path / "render.yml"
-    playbook.write_text(
-        yaml.safe_dump(
-            [{"name": "Render for tests", "hosts": "localhost", "gather_facts": False, "roles": roles}],
-            sort_keys=False,
-        )
-    )
-    all_vars = {
-        "gpufleet_k8s_mode": "render",
-        "gpufleet_manifests_dir": str(manifests),
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-    }
-    all_vars.update(extra_vars or {})
-    return run_playbook(str(playbook), inventory, all_vars, tmp_path), manifests
-
-
-def render_roles(roles: list[str], tmp_path: Path, inventory: str = "inventories/lab", extra_vars=None) -> Path:
-    """Run the given roles on localhost in render mode; return the manifests directory (the test fails if it fails)."""
-    result, manifests = try_render(roles, tmp_path, inventory, extra_vars)
-    if result.returncode != 0:
-        pytest.fail(f"rendering {roles} failed:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}")
-    return manifests
 
 
 def load_manifests(directory: Path) -> dict[str, list[dict]]:

@@ -31,6 +31,7 @@ async def readyz(extender: ExtenderDep, request: Request) -> JSONResponse:
         "on_missing_metrics": extender.policy.missing_policy_name,
         "metrics_source": extender.settings.METRICS_SOURCE.value,
         "metrics_source_error": extender.source_error(),
+        "metrics_source_warnings": extender.source_warnings(),
         "kube_api_errors": refused,
     }
     return JSONResponse(body, status_code=200 if body["ready"] else 503)

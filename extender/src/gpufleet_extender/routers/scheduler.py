@@ -7,16 +7,25 @@ wrong; kube-scheduler treats any non-200 as the extender failing for that pod.
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from collections.abc import Callable
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
 from gpufleet_extender.dependencies import ExtenderDep
 from gpufleet_extender.wire import WireError
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["scheduler"])
+
+# Bodies above this are decided on a worker thread: a few MB of node names take a second of Python, which on
+# the event loop would stall /healthz and every other request with it. Small bodies stay inline (no hop).
+THREAD_BODY_BYTES = 256 * 1024
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 
 
 class BodyTooLarge(WireError):
@@ -28,7 +37,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refusing more than ``limit`` bytes before reading them all."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        # ASCII digits only, and few: "²".isdigit() is True and int() of 5,000 digits raises.
+        if not _CONTENT_LENGTH.fullmatch(declared):
             raise WireError("invalid Content-Length header", 400)
         if int(declared) > limit:
             raise BodyTooLarge(limit)
@@ -47,10 +57,14 @@ async def _answer(verb: str, request: Request, extender, handle: Callable[[bytes
         body = await read_body(request, extender.settings.MAX_BODY_BYTES)
         # Timed from the whole body in hand: reading it waits on the network and on other requests.
         started = time.perf_counter()
-        answer = handle(body)
+        answer = handle(body) if len(body) <= THREAD_BODY_BYTES else await run_in_threadpool(handle, body)
     except WireError as exc:
         extender.telemetry.bad_requests.labels(verb, str(exc.status)).inc()
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+    except Exception:  # a bug, not the client's fault: still answered and counted like every non-200
+        log.exception("%s failed", verb)
+        extender.telemetry.bad_requests.labels(verb, "500").inc()
+        return JSONResponse({"detail": f"internal error in {verb}; see the extender's log"}, status_code=500)
     extender.telemetry.request_seconds.labels(verb).observe(time.perf_counter() - started)
     return Response(content=answer, media_type="application/json")
 
@@ -63,3 +77,16 @@ async def filter_nodes(request: Request, extender: ExtenderDep) -> Response:
 @router.post("/prioritize", summary="kube-scheduler prioritize verb (ExtenderArgs -> HostPriorityList)")
 async def prioritize_nodes(request: Request, extender: ExtenderDep) -> Response:
     return await _answer("prioritize", request, extender, extender.prioritize)
+
+
+@router.api_route("/filter", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+@router.api_route("/prioritize", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+async def wrong_method(request: Request, extender: ExtenderDep) -> Response:
+    """405 for the verbs' paths, counted like every other non-200 answer to them."""
+    verb = request.url.path.strip("/")
+    extender.telemetry.bad_requests.labels(verb, "405").inc()
+    return JSONResponse(
+        {"detail": f"{request.method} not allowed: kube-scheduler POSTs ExtenderArgs to /{verb}"},
+        status_code=405,
+        headers={"Allow": "POST"},
+    )

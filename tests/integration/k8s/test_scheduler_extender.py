@@ -1,0 +1,124 @@
+"""The real kube-scheduler with the KubeSchedulerConfiguration the kube_scheduler role renders (secondary mode)
+and the bundled extender: MIG pods bind by load, none to a node whose devices are all above the threshold; with
+the extender down, `ignorable: true` lets pods bind anyway and `ignorable: false` keeps them pending, saying why.
+
+kube-scheduler reads its configuration once, so each variant starts a scheduler of its own."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ensure_namespace, wait_for
+from scheduling import (
+    MIG_RESOURCE,
+    BindingWatch,
+    create_nodes,
+    create_pods,
+    gpu_pod,
+    rendered_scheduler_config,
+    start_extender,
+    stop_process,
+    write_mig_metrics,
+)
+from support import free_port
+
+pytestmark = pytest.mark.integration
+
+POOL = {"gpufleet.test/scheduling": "extender"}  # our nodes only: the session's cluster has others
+COOL, HOT = ["sched-cool-1", "sched-cool-2"], "sched-hot"
+SLOTS = 3  # 2g.20gb instances per node
+
+
+@pytest.fixture(scope="module")
+def nodes(core):
+    create_nodes(core, [*COOL, HOT], {MIG_RESOURCE: str(SLOTS)}, labels=POOL)
+    return [*COOL, HOT]
+
+
+@pytest.fixture(scope="module")
+def extender(nodes, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("extender")
+    metrics = write_mig_metrics(
+        workdir / "dcgm.prom", {**{node: [0.10, 0.20, 0.15] for node in COOL}, HOT: [0.95, 0.92, 0.97]}
+    )
+    env = {"METRICS_SOURCE": "file", "METRICS_FILE": str(metrics), "KUBE_API": "off", "METRICS_REFRESH_SECONDS": "1"}
+    process, url = start_extender(workdir, env)
+    yield url
+    stop_process(process)
+
+
+@pytest.fixture
+def scheduler(control_plane, tmp_path):
+    """Start a scheduler with the role's configuration for `url_prefix`; stopped after the test."""
+    names = []
+
+    def start(url_prefix: str, ignorable: bool) -> None:
+        config = rendered_scheduler_config(
+            tmp_path, kube_scheduler_extender_url_prefix=url_prefix, kube_scheduler_extender_ignorable=ignorable
+        )
+        assert config["profiles"][0]["schedulerName"] == "gpufleet-scheduler"
+        assert MIG_RESOURCE in [r["name"] for r in config["extenders"][0]["managedResources"]]
+        names.append(control_plane.start_scheduler(config, name=f"gpufleet-scheduler-{len(names)}"))
+
+    yield start
+    for name in names:
+        control_plane.stop_component(name)
+
+
+@pytest.fixture
+def namespace(core, request):
+    """A namespace for the test's pods, and a watch of their bindings. Afterwards the pods are deleted at once
+    (no kubelet here to end them), so that the next test's scheduler does not place them."""
+    name = request.node.name.removeprefix("test_").replace("_", "-")[:60].strip("-")
+    ensure_namespace(core, name)
+    bindings = BindingWatch(core, name)
+    yield name, bindings
+    bindings.stop()
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+
+
+def make_pods(core, namespace: str, count: int) -> None:
+    pods = [gpu_pod(f"mig-{i}", "gpufleet-scheduler", {MIG_RESOURCE: "1"}) for i in range(count)]
+    for pod in pods:
+        pod.spec.node_selector = POOL
+    create_pods(core, namespace, pods)
+
+
+def failed_scheduling_messages(core, namespace: str) -> list[str]:
+    events = core.list_namespaced_event(namespace, field_selector="reason=FailedScheduling").items
+    return [event.message for event in events]
+
+
+def test_mig_pods_bind_by_load_and_never_to_a_hot_node(core, extender, scheduler, namespace):
+    namespace, bindings = namespace
+    scheduler(extender, ignorable=True)
+
+    # One more pod than the cool nodes hold: the hot node has free instances, but all of them are above the
+    # threshold, so the last pod must wait rather than land there.
+    make_pods(core, namespace, len(COOL) * SLOTS + 1)
+
+    assert bindings.wait(len(COOL) * SLOTS, timeout=60), f"bound: {bindings.bound}"
+    placed = [node for node, _ in bindings.bound.values()]
+    assert sorted(set(placed)) == COOL
+    assert all(placed.count(node) == SLOTS for node in COOL)
+    messages = wait_for(lambda: failed_scheduling_messages(core, namespace), what="a FailedScheduling event")
+    assert any(HOT in message or "below thresholds" in message for message in messages), messages
+
+
+def test_an_ignorable_extender_that_is_down_does_not_stop_scheduling(core, nodes, scheduler, namespace):
+    namespace, bindings = namespace
+    scheduler(f"http://127.0.0.1:{free_port()}", ignorable=True)  # nothing listens there
+
+    make_pods(core, namespace, 3)
+
+    assert bindings.wait(3, timeout=60), f"bound: {bindings.bound}"
+
+
+def test_a_required_extender_that_is_down_keeps_pods_pending_with_the_reason(core, nodes, scheduler, namespace):
+    namespace, bindings = namespace
+    scheduler(f"http://127.0.0.1:{free_port()}", ignorable=False)
+
+    make_pods(core, namespace, 2)
+
+    messages = wait_for(lambda: failed_scheduling_messages(core, namespace), what="a FailedScheduling event")
+    assert any("connection refused" in message for message in messages), messages
+    assert bindings.bound == {}
