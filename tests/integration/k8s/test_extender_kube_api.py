@@ -25,7 +25,7 @@ from conftest import REPO, FakeKubelet, ensure_namespace, kubeconfig_for_token, 
 from gpufleet_extender.exposition import DeviceLoad, render_exposition
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
-from support import free_port, run_playbook
+from support import free_port, try_render
 
 pytestmark = pytest.mark.integration
 
@@ -210,29 +210,19 @@ def rendered_role(tmp_path_factory):
     """The gpu_extender role rendered for the lab, in a background thread started with the module's first test
     (ansible-playbook takes most of this file's time): a function returning its documents by kind."""
     workdir = tmp_path_factory.mktemp("render")
-    playbook = workdir / "render.yml"
-    playbook.write_text(
-        yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "roles": ["gpufleet.mig.gpu_extender"]}])
-    )
-    extra = {
-        "gpufleet_k8s_mode": "render",
-        "gpufleet_manifests_dir": str(workdir / "manifests"),
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-    }
     results: list = []
     thread = threading.Thread(
-        target=lambda: results.append(run_playbook(str(playbook), "inventories/lab", extra, workdir)), daemon=True
+        target=lambda: results.append(try_render(["gpufleet.mig.gpu_extender"], workdir)), daemon=True
     )
     thread.start()
 
     def documents() -> dict[str, list[dict]]:
         thread.join(300)
-        result = results[0] if results else None
+        result, manifests = results[0] if results else (None, None)
         if result is None or result.returncode != 0:
             pytest.fail(f"rendering the gpu_extender role failed:\n{result and result.stdout[-4000:]}")
         by_kind: dict[str, list[dict]] = {}
-        for path in sorted((workdir / "manifests" / "gpu_extender").glob("*.yaml")):
+        for path in sorted((manifests / "gpu_extender").glob("*.yaml")):
             for doc in yaml.safe_load_all(path.read_text()):
                 if doc:
                     by_kind.setdefault(doc["kind"], []).append(doc)
