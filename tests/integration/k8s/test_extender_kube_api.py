@@ -414,6 +414,8 @@ def test_relist_after_apiserver_restart_recovers(control_plane, core, extender, 
     assert not unresolvable(answer)
     assert extender.log().count("listing again") > breaks_before, extender.log()[-3000:]
     assert extender.readyz()[0] == 200
+    # The session's other components came through the restart too.
+    assert all(process.poll() is None for process in control_plane.processes.values()), control_plane.processes
     print(f"apiserver restart and changes {restarted - began:.1f} s; the extender relisted {recovery:.1f} s later")
 
 
