@@ -1,7 +1,8 @@
 """The extender with KUBE_API=kubeconfig against the real apiserver: in-flight accounting from real bindings, tenant
 pools from real node and namespace labels, recovery after every watch breaks (apiserver restart), and the gpu_extender
-role's RBAC: its ServiceAccount token with exactly the role's ClusterRole works, and one permission less is refused
-clearly (/readyz 503 naming it, an error log line, a counter).
+role's RBAC: its ServiceAccount token with exactly the role's ClusterRole works, and one permission less (or a token
+the apiserver rejects) is refused clearly (/readyz 503 naming it, an error log line, a counter) and recovered from
+without a restart once the permission is back.
 
 The extender runs as its real process (`python -m gpufleet_extender serve`) on 127.0.0.1, fed a static dcgm-exporter
 file; no scheduler runs: the tests bind pods with the Binding API, as a scheduler would."""
