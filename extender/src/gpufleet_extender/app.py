@@ -89,8 +89,13 @@ def create_app(
             api = k8s_watch.connect(settings.KUBE_API)
             if api is not None:
                 state = ClusterState(settings.TENANT_LABEL, settings.INFLIGHT_MAX_SECONDS)
-                watcher = k8s_watch.ClusterWatcher(api, state)
+                watcher = k8s_watch.ClusterWatcher(
+                    api, state, on_error=lambda kind, status: telemetry.kube_api_errors.labels(kind, status).inc()
+                )
                 watcher.start()
+        # Kinds the API refuses to the extender (missing RBAC): /readyz reports them and answers 503.
+        refused = watcher.refused if watcher is not None else dict
+        app.state.kube_api_refused = refused
         extender = Extender(
             settings,
             telemetry,
@@ -100,7 +105,7 @@ def create_app(
             source_warnings=lambda: refresher.warnings,
             loading=lambda: not refresher.first_attempt.is_set(),
         )
-        telemetry.bind_live_values(extender.metrics_age, extender.ready)
+        telemetry.bind_live_values(extender.metrics_age, lambda: extender.ready() and not refused())
         app.state.extender = extender
         extenders.append(extender)
         task = asyncio.create_task(refresher.run(), name="metrics-refresher")

@@ -63,7 +63,13 @@ class Telemetry:
         )
         self.metrics_ready = Gauge(
             "gpufleet_extender_ready",
-            "1 while /readyz answers 200 (fresh metrics, or ON_MISSING_METRICS=allow).",
+            "1 while /readyz answers 200 (fresh metrics or ON_MISSING_METRICS=allow, and no watch refused).",
+            registry=self.registry,
+        )
+        self.kube_api_errors = Counter(
+            "gpufleet_extender_kube_api_errors_total",
+            "Failed lists and watches of the Kubernetes API, per kind and HTTP status (error: no HTTP answer).",
+            ["kind", "status"],
             registry=self.registry,
         )
 
