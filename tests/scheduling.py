@@ -163,7 +163,6 @@ def rendered_scheduler_config(tmp_path: Path, **role_vars) -> dict:
     """The KubeSchedulerConfiguration the kube_scheduler role renders in secondary mode for the lab inventory,
     with `role_vars` (e.g. kube_scheduler_extender_url_prefix, kube_scheduler_extender_ignorable)."""
     extra = {"kube_scheduler_mode": "secondary", **role_vars}
-    tmp_path.mkdir(parents=True, exist_ok=True)
     result, manifests = try_render(["gpufleet.mig.kube_scheduler"], tmp_path, extra_vars=extra)
     if result.returncode != 0:
         raise RuntimeError(f"rendering the scheduler configuration failed:\n{result.stdout[-4000:]}")

@@ -64,6 +64,7 @@ def try_render(
     """Run the given roles on localhost in render mode; return the run and the manifests directory.
 
     For tests that expect a refusal: they assert on the run's output and that nothing was rendered."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     manifests = tmp_path / "manifests"
     playbook = tmp_path / "render.yml"
     playbook.write_text(

@@ -9,6 +9,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+from gpufleet_extender import k8s_watch
 from gpufleet_extender.app import create_app
 from gpufleet_extender.cluster import ClusterState
 
@@ -133,6 +134,7 @@ def test_probes_and_metrics(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["metrics_source"] == "file"
+    assert ready.json()["kube_api_errors"] == {}
     client.post("/filter", json=names_args(GPU_POD, ["hk-gpu-01", "hk-gpu-02", "hk-gpu-99"]))
     metrics = client.get("/metrics").text
     assert 'gpufleet_extender_filter_decisions_total{outcome="pass"} 1.0' in metrics
@@ -155,6 +157,33 @@ def test_readyz_503_while_metrics_are_stale_and_policy_denies(tmp_path):
         assert 'outcome="missing_metrics_denied"' in deny.get("/metrics").text
     with TestClient(create_app(file_settings(path, ON_MISSING_METRICS="allow"))) as allow:
         assert allow.get("/readyz").status_code == 200
+
+
+def test_readyz_503_while_the_kubernetes_api_refuses_a_watch(metrics_file, monkeypatch):
+    message = '403 Forbidden: pods is forbidden: User "system:serviceaccount:x:y" cannot watch resource "pods"'
+
+    class RefusedWatcher:
+        def __init__(self, api, state, on_error):
+            self.on_error = on_error
+
+        def start(self):
+            self.on_error("Pod", "403")
+
+        def stop(self):
+            pass
+
+        def refused(self):
+            return {"Pod": message}
+
+    monkeypatch.setattr(k8s_watch, "connect", lambda mode: object())
+    monkeypatch.setattr(k8s_watch, "ClusterWatcher", RefusedWatcher)
+    with TestClient(create_app(file_settings(metrics_file))) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["ready"] is False and ready.json()["kube_api_errors"] == {"Pod": message}
+        metrics = client.get("/metrics").text
+        assert 'gpufleet_extender_kube_api_errors_total{kind="Pod",status="403"} 1.0' in metrics
+        assert "gpufleet_extender_ready 0.0" in metrics
 
 
 def test_readyz_503_when_the_source_never_answered(tmp_path):

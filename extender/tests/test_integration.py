@@ -7,6 +7,7 @@ GPUFLEET_REQUIRE_PROMETHEUS=1 (CI) makes its absence a failure. Every process st
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shutil
 import socket
@@ -242,5 +243,68 @@ def test_decisions_follow_prometheus_and_the_policy_applies_when_it_stops(promet
         assert 'gpufleet_extender_metrics_source_errors_total{source="prometheus"}' in metrics
         assert 'gpufleet_extender_filter_decisions_total{outcome="missing_metrics_denied"}' in metrics
         assert "gpufleet_extender_ready 0.0" in metrics
+    finally:
+        stop(extender)
+
+
+def test_a_4mb_body_does_not_stall_the_event_loop(tmp_path):
+    # ~170,000 names no snapshot knows: deciding them takes a while in Python. On the event loop that would hold
+    # up every other request; decided on a worker thread, /healthz keeps answering meanwhile.
+    metrics = write_metrics(tmp_path / "dcgm.prom", {"n1": gpus(0.1)})
+    env = {"METRICS_SOURCE": "file", "METRICS_FILE": str(metrics), "ON_MISSING_METRICS": "deny"}
+    names = [f"unknown-node-{i:06d}" for i in range(170_000)]
+    content = json.dumps(names_args(GPU_POD, names)).encode()
+    assert 3_500_000 < len(content) < 4 * 1024 * 1024
+    done: dict[str, float] = {}
+    process, url = start_extender(env, tmp_path)  # stopped in the finally below
+
+    def big_request():
+        started = time.monotonic()
+        answer = httpx.post(f"{url}/prioritize", content=content, timeout=60)
+        done["status"], done["seconds"] = answer.status_code, time.monotonic() - started
+
+    try:
+        worker = threading.Thread(target=big_request)
+        worker.start()
+        latencies = []
+        with httpx.Client(base_url=url, timeout=60) as client:
+            while worker.is_alive():
+                started = time.monotonic()
+                assert client.get("/healthz").status_code == 200
+                latencies.append(time.monotonic() - started)
+                time.sleep(0.01)
+        worker.join()
+        assert done["status"] == 200
+        # A blocked loop answers /healthz only once the big request is done: its latency is about that long.
+        assert len(latencies) >= 3 and max(latencies) < max(0.2, done["seconds"] / 3), (latencies, done)
+    finally:
+        stop(process)
+
+
+def test_out_of_range_values_through_a_real_prometheus_leave_the_node_to_the_policy(prometheus, tmp_path):
+    prometheus_url, exporter, _process = prometheus
+    env = {
+        "PROMETHEUS_URL": prometheus_url,
+        "METRICS_REFRESH_SECONDS": "0.5",
+        "PROMETHEUS_TIMEOUT_SECONDS": "3",
+        "ON_MISSING_METRICS": "deny",
+    }
+    extender, url = start_extender(env, tmp_path)
+    try:
+        names = ["hk-gpu-01", "hk-gpu-02"]
+        wait_for("fresh metrics", lambda: filter_names(url, GPU_POD, names)["NodeNames"] == ["hk-gpu-01"])
+        # A broken exporter reports -20 % on the idle-looking node: once that would have won the best score.
+        exporter.fleet = {**exporter.fleet, "hk-gpu-02": gpus(-0.2, 0.0)}
+
+        def refused_as_missing():
+            result = filter_names(url, GPU_POD, names)
+            reason = result["FailedNodes"].get("hk-gpu-02", "")
+            return "no GPU metrics for this node" in reason and result
+
+        wait_for("hk-gpu-02 to count as without metrics", refused_as_missing)
+        warnings = httpx.get(f"{url}/readyz").json()["metrics_source_warnings"]
+        assert any("out of range on hk-gpu-02" in note for note in warnings), warnings
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'gpufleet_extender_metrics_faults_total{fault="out_of_range",source="prometheus"}' in metrics
     finally:
         stop(extender)

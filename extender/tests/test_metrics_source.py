@@ -127,3 +127,30 @@ def test_prometheus_queries_name_the_configured_host_labels():
     assert any("DCGM_FI_PROF_GR_ENGINE_ACTIVE" in q for q in seen)
     assert json.dumps(seen)  # plain strings
     _ = mig
+
+
+def test_a_stuck_refresh_is_an_error_not_a_silent_hang():
+    class Hanging:
+        name = "prometheus"
+        report = None
+
+        async def fetch(self, version):
+            await asyncio.Event().wait()  # a source that never answers (mid-run trickle, hung mount)
+
+    errors: list[str] = []
+    refresher = SnapshotRefresher(Hanging(), 5, on_error=errors.append, deadline=0.2)
+
+    async def timed():
+        started = asyncio.get_running_loop().time()
+        answered = await refresher.refresh_once()
+        return answered, asyncio.get_running_loop().time() - started
+
+    answered, seconds = run(timed())
+    assert answered is False and seconds < 2
+    assert errors == ["prometheus"] and "stuck for more than 0.2s" in refresher.last_error
+
+
+def test_the_source_deadline_is_the_refreshers_default(tmp_path):
+    source = PrometheusSource("http://p.invalid", LABELS, 1.5, transport=prometheus_answers([], []))
+    assert SnapshotRefresher(source, 5)._deadline == 2.5
+    assert SnapshotRefresher(FileSource(tmp_path / "m.prom", LABELS), 5)._deadline == FileSource.deadline

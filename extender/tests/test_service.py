@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import load_settings
 from gpufleet_extender.exposition import render_exposition
 from gpufleet_extender.metrics_source import parse_exposition
 from gpufleet_extender.service import Extender
 from gpufleet_extender.snapshot import build_snapshot
 
-from extender_helpers import body, gpus, make_pod, names_args
+from extender_helpers import body, gpus, make_pod, names_args, node_obj, nodes_args
 
 NOW = 1_700_000_000.0
 GPU_POD = make_pod({"nvidia.com/gpu": "1"})
@@ -28,10 +30,9 @@ def test_warm_builds_the_tables_of_recent_pod_shapes_for_a_new_snapshot():
     assert json.loads(extender.filter(request))["NodeNames"] == ["a"]
     assert json.loads(extender.filter(request))["NodeNames"] == ["a"]  # answered from the memo
     current["snap"] = snapshot(2, {"a": gpus(0.95), "b": gpus(0.1)})
-    extender.warm()
-    view = extender._view
-    assert view.snapshot.version == 2 and len(view.tables) == 1
-    table = next(iter(view.tables.values()))
+    asyncio.run(extender.warm())
+    assert len(extender._tables) == 1
+    table = next(iter(extender._tables.values()))
     assert set(table.priority_json) == {"a", "b"}  # prioritize's answers prepared as well
     # The memo entry belonged to the old table: the same bytes now get the new answer.
     assert json.loads(extender.filter(request))["NodeNames"] == ["b"]
@@ -53,3 +54,16 @@ def test_stale_time_alone_changes_verdicts_without_a_new_snapshot():
     answer = json.loads(extender.filter(request))
     assert answer["NodeNames"] == [] and "31s old" in answer["FailedNodes"]["a"]
     assert not extender.ready()
+
+
+def test_a_node_without_metrics_refused_its_pool_in_the_nodes_form_is_counted_once():
+    cluster = ClusterState("gpufleet.io/tenant", 120)
+    cluster.replace("Namespace", [{"metadata": {"name": "team-a", "labels": {"gpufleet.io/tenant": "a"}}}])
+    extender = Extender(load_settings(KUBE_API="off"), cluster=cluster, clock=lambda: NOW)
+    request = body(nodes_args(GPU_POD, [node_obj("x", {"gpufleet.io/tenant": "b"}), node_obj("y")]))
+    answer = json.loads(extender.filter(request))  # used to raise: the pass count went negative
+    assert list(answer["FailedAndUnresolvableNodes"]) == ["x"]
+    assert [item["metadata"]["name"] for item in answer["Nodes"]["items"]] == ["y"]
+    samples = extender.telemetry.decisions.collect()[0].samples
+    counted = {s.labels["outcome"]: s.value for s in samples if s.name.endswith("_total")}
+    assert counted == {"tenant_mismatch": 1, "missing_metrics_allowed": 1}

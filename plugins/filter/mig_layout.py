@@ -12,7 +12,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError
 from ansible_collections.gpufleet.mig.plugins.module_utils.planner import Catalog, validate_target
 from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import H100_80GB, product_table
-from ansible_collections.gpufleet.mig.plugins.module_utils.spec import parse_config, targets_for_gpus
+from ansible_collections.gpufleet.mig.plugins.module_utils.spec import GpuSelectable, parse_config, targets_for_gpus
 
 DOCUMENTATION_NOTE = """
 Resource names follow the NVIDIA device plugin's mixed strategy: every MIG profile whose compute instance spans the
@@ -37,7 +37,11 @@ def _instance_counts(config, gpu_count, product=None) -> Counter:
     catalog = Catalog.from_table(table)
     try:
         entries = parse_config(config)
-        targets = targets_for_gpus(entries, [(i, table.pci_device_id) for i in range(gpu_count)])
+        gpus = [
+            GpuSelectable(i, table.pci_device_id, table.pci_subsystem_id, bool(table.profiles))
+            for i in range(gpu_count)
+        ]
+        targets = targets_for_gpus(entries, gpus)
         counts: Counter = Counter()
         for index in range(gpu_count):
             target = targets.get(index)

@@ -67,6 +67,8 @@ def collect(nvml: NvmlInterface) -> list[dict]:
                 "name": identity.name,
                 "memory_mib": identity.memory_mib,
                 "pci_device_id": None if identity.pci_device_id is None else f"0x{identity.pci_device_id:08X}",
+                "pci_subsystem_id": None if not identity.pci_subsystem_id else f"0x{identity.pci_subsystem_id:08X}",
+                "mig_capable": nvml.mig_capable(index),
                 "mig_mode": {"current": current, "pending": pending},
                 "gpu_instances": sorted(instances, key=lambda i: i["start"]),
                 "processes": [

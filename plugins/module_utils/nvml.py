@@ -59,6 +59,7 @@ class DeviceIdentity:
     name: str
     memory_mib: int
     pci_device_id: int | None
+    pci_subsystem_id: int | None = None  # subsystem device << 16 | subsystem vendor (mig-parted's device-filter)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,11 @@ class NvmlInterface:
         raise NotImplementedError
 
     def mig_mode(self, index: int) -> tuple[bool, bool]:
-        """(current, pending)."""
+        """(current, pending); (False, False) on a GPU that cannot do MIG."""
+        raise NotImplementedError
+
+    def mig_capable(self, index: int) -> bool:
+        """Whether the GPU has a MIG mode at all (NVML answers NOT_SUPPORTED for its mode otherwise)."""
         raise NotImplementedError
 
     def set_mig_mode(self, index: int, enabled: bool) -> int:
@@ -185,6 +190,7 @@ class PynvmlBackend(NvmlInterface):
             _text(self._call("nvmlDeviceGetName", handle)),
             int(memory.total) // _MIB,
             int(pci.pciDeviceId),
+            int(pci.pciSubSystemId),
         )
 
     def mig_mode(self, index: int) -> tuple[bool, bool]:
@@ -195,6 +201,15 @@ class PynvmlBackend(NvmlInterface):
                 return False, False
             raise
         return bool(current), bool(pending)
+
+    def mig_capable(self, index: int) -> bool:
+        try:
+            self._call("nvmlDeviceGetMigMode", self._handle(index))
+        except NvmlError as exc:
+            if exc.code_name == "NOT_SUPPORTED":
+                return False
+            raise
+        return True
 
     def set_mig_mode(self, index: int, enabled: bool) -> int:
         mode = self._lib.NVML_DEVICE_MIG_ENABLE if enabled else self._lib.NVML_DEVICE_MIG_DISABLE
@@ -207,7 +222,13 @@ class PynvmlBackend(NvmlInterface):
         )
         if proc.returncode != 0:
             output = (proc.stdout + proc.stderr).strip().replace("\n", " ")
-            code = ERROR_CODES["IN_USE"] if "in use" in output.lower() else ERROR_CODES["UNKNOWN"]
+            lowered = output.lower()
+            if "in use" in lowered:
+                code = ERROR_CODES["IN_USE"]
+            elif "not supported" in lowered:  # e.g. a GPU in an NVLink domain that can only be reset as a whole
+                code = ERROR_CODES["NOT_SUPPORTED"]
+            else:
+                code = ERROR_CODES["UNKNOWN"]
             raise NvmlError("nvidia-smi --gpu-reset", code, error_name(code), output)
 
     def gpu_instance_profiles(self, index: int) -> list:

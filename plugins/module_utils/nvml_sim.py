@@ -68,6 +68,8 @@ def new_gpu(index: int, product: str) -> dict:
         "name": table.product if product == table.product else product,
         "memory_mib": table.memory_mib,
         "pci_device_id": f"0x{table.pci_device_id:08X}",
+        "pci_subsystem_id": None if table.pci_subsystem_id is None else f"0x{table.pci_subsystem_id:08X}",
+        "mig_capable": bool(table.profiles),
         "mig_mode": {"current": False, "pending": False},
         "reset_supported": True,
         "gpu_instances": [],
@@ -161,7 +163,20 @@ class SimulatedNvml(NvmlInterface):
     def identity(self, index: int) -> DeviceIdentity:
         self._maybe_fail("identity", index)
         gpu = self._gpu(index, "identity")
-        return DeviceIdentity(index, gpu["uuid"], gpu["name"], gpu["memory_mib"], int(gpu["pci_device_id"], 16))
+        subsystem = gpu.get("pci_subsystem_id")
+        return DeviceIdentity(
+            index,
+            gpu["uuid"],
+            gpu["name"],
+            gpu["memory_mib"],
+            int(gpu["pci_device_id"], 16),
+            None if subsystem is None else int(subsystem, 16),
+        )
+
+    def mig_capable(self, index: int) -> bool:
+        self._maybe_fail("mig_mode", index)
+        gpu = self._gpu(index, "mig_mode")
+        return bool(gpu.get("mig_capable", bool(self._table(gpu).profiles)))
 
     def mig_mode(self, index: int) -> tuple[bool, bool]:
         self._maybe_fail("mig_mode", index)
@@ -171,6 +186,8 @@ class SimulatedNvml(NvmlInterface):
     def set_mig_mode(self, index: int, enabled: bool) -> int:
         injected = self._maybe_fail("set_mig_mode", index)
         gpu = self._gpu(index, "set_mig_mode")
+        if not self.mig_capable(index):
+            raise _error(CALLS["set_mig_mode"], "NOT_SUPPORTED", f"GPU {index} cannot do MIG")
         gpu["mig_mode"]["pending"] = enabled
         status = injected
         if status is None and gpu["mig_mode"]["current"] != enabled:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from .exceptions import BusyInstanceError, SpecError
-from .spec import GpuTarget
+from .spec import GpuTarget, parse_profile_name
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ class GpuPlan:
     after: list[Slot]
     destroy: list[Instance]
     create: list[Slot]
+    gpu_pids: tuple[int, ...] = ()  # processes on the GPU outside any instance (they block a mode change)
 
     @property
     def changed(self) -> bool:
@@ -201,6 +202,13 @@ def validate_target(target_counts: dict[str, int], catalog: Catalog, where: str)
     The message says which constraint failed: unknown profile, a profile's maximum, compute slices, memory slices,
     or (all totals fitting) the placement geometry.
     """
+    partial = sorted(n for n in target_counts if n not in catalog.by_name and _is_partial_compute(n))
+    if partial:
+        raise SpecError(
+            f"{where}: {', '.join(partial)}: compute-instance profiles smaller than their GPU instance are not "
+            "supported (nvidia_mig creates one compute instance spanning each GPU instance); use the "
+            "<G>g.<GB>gb form"
+        )
     unknown = sorted(n for n in target_counts if n not in catalog.by_name)
     if unknown:
         raise SpecError(
@@ -233,6 +241,13 @@ def validate_target(target_counts: dict[str, int], catalog: Catalog, where: str)
             f"placements overlap: {options})"
         )
     return layout
+
+
+def _is_partial_compute(name: str) -> bool:
+    try:
+        return parse_profile_name(name).partial_compute
+    except ValueError:
+        return False
 
 
 def describe_counts(counts: dict[str, int]) -> str:
@@ -292,25 +307,44 @@ def plan_gpu(state: GpuState, target: GpuTarget, catalog: Catalog, force: bool) 
         create, after = [], []
     destroy.sort(key=lambda i: i.start)
     plan = GpuPlan(
-        state.index, state.uuid, state.name, mig_before, target.mig_enabled, set_mode, before, after, destroy, create
+        state.index,
+        state.uuid,
+        state.name,
+        mig_before,
+        target.mig_enabled,
+        set_mode,
+        before,
+        after,
+        destroy,
+        create,
+        state.gpu_pids,
     )
     if not force:
-        check_not_busy(state, plan)
+        check_not_busy(plan)
     return plan
 
 
-def check_not_busy(state: GpuState, plan: GpuPlan) -> None:
-    """Refuse (before any write) to destroy busy instances or to switch the mode of a GPU with processes."""
+BUSY_HINT = "; stop them or set force=true"
+
+
+def busy_problems(plan: GpuPlan) -> list[str]:
+    """What in the plan would disturb running processes: busy instances to destroy, a mode change under processes."""
     problems = [
-        f"GPU {state.index}: instance {i.profile} at slice {i.start} (GPU instance {i.gi_id}"
+        f"GPU {plan.index}: instance {i.profile} at slice {i.start} (GPU instance {i.gi_id}"
         f"{', ' + i.uuid if i.uuid else ''}) has running processes (PIDs {', '.join(map(str, i.pids))})"
         for i in plan.destroy
         if i.pids
     ]
-    if plan.set_mode and state.gpu_pids:
+    if plan.set_mode and plan.gpu_pids:
         problems.append(
-            f"GPU {state.index}: MIG mode must change but processes run on the GPU "
-            f"(PIDs {', '.join(map(str, state.gpu_pids))})"
+            f"GPU {plan.index}: MIG mode must change but processes run on the GPU "
+            f"(PIDs {', '.join(map(str, plan.gpu_pids))})"
         )
+    return problems
+
+
+def check_not_busy(plan: GpuPlan) -> None:
+    """Refuse (before any write) to destroy busy instances or to switch the mode of a GPU with processes."""
+    problems = busy_problems(plan)
     if problems:
-        raise BusyInstanceError("; ".join(problems) + "; stop them or set force=true")
+        raise BusyInstanceError("; ".join(problems) + BUSY_HINT)

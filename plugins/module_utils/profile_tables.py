@@ -51,7 +51,10 @@ class ProductTable:
     product: str  # nvmlDeviceGetName
     memory_mib: int  # total memory (nvmlDeviceGetMemoryInfo)
     pci_device_id: int  # nvmlDeviceGetPciInfo().pciDeviceId (device << 16 | vendor), as mig-parted's device-filter
-    profiles: tuple[ProfileRow, ...]
+    profiles: tuple[ProfileRow, ...]  # empty: the GPU cannot do MIG
+    # nvmlPciInfo_t.pciSubSystemId (subsystem device << 16 | subsystem vendor): it depends on the board, so this is
+    # one board's value (the simulator's default), for device-filter entries written with a subsystem ID.
+    pci_subsystem_id: int | None = None
 
 
 # Placement geometry shared by H100 and H200 (start:size over the 8 memory slices).
@@ -65,7 +68,9 @@ _HOPPER_GEOMETRY = {
 }
 
 
-def _hopper(product: str, memory_mib: int, pci_device_id: int, sizes: dict[str, tuple[str, int]]) -> ProductTable:
+def _hopper(
+    product: str, memory_mib: int, pci_device_id: int, sizes: dict[str, tuple[str, int]], subsystem: int | None = None
+) -> ProductTable:
     """Build a Hopper table; `sizes` maps geometry key -> (profile name, memory MiB)."""
     rows = []
     for enum, profile_id, geometry, slice_count, count, name_key in (
@@ -80,7 +85,7 @@ def _hopper(product: str, memory_mib: int, pci_device_id: int, sizes: dict[str, 
         starts, size = _HOPPER_GEOMETRY[geometry]
         name, memory = sizes[name_key]
         rows.append(ProfileRow(enum, profile_id, name, slice_count, count, memory, starts, size))
-    return ProductTable(product, memory_mib, pci_device_id, tuple(rows))
+    return ProductTable(product, memory_mib, pci_device_id, tuple(rows), subsystem)
 
 
 H100_80GB = _hopper(
@@ -96,6 +101,7 @@ H100_80GB = _hopper(
         "4g": ("4g.40gb", 40192),
         "7g": ("7g.80gb", 80384),
     },
+    subsystem=0x16C110DE,  # an H100 SXM5 board
 )
 
 H200_141GB = _hopper(
@@ -113,7 +119,10 @@ H200_141GB = _hopper(
     },
 )
 
-PRODUCTS = (H100_80GB, H200_141GB)
+# A GPU without MIG (nvmlDeviceGetMigMode answers NOT_SUPPORTED), for mixed hosts in the simulator.
+L4 = ProductTable("NVIDIA L4", 23034, 0x27B810DE, ())
+
+PRODUCTS = (H100_80GB, H200_141GB, L4)
 
 
 def product_table(product: str) -> ProductTable:
@@ -129,5 +138,5 @@ def product_table(product: str) -> ProductTable:
         return H100_80GB
     if "H200" in upper:
         return H200_141GB
-    known = ", ".join(t.product for t in PRODUCTS)
+    known = ", ".join(t.product for t in PRODUCTS if t.profiles)
     raise KeyError(f"no MIG profile table for GPU product {product!r} (known: {known})")

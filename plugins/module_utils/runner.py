@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .exceptions import ApplyError, NvmlError, SpecError
+from .exceptions import ApplyError, BusyInstanceError, NvmlError, SpecError
 from .gpu_info import read_instances
 from .nvml import ERROR_CODES, SUCCESS, NvmlInterface, error_name
-from .planner import Catalog, GpuPlan, GpuState, Instance, plan_gpu
+from .planner import BUSY_HINT, Catalog, GpuPlan, GpuState, Instance, busy_problems, plan_gpu
 from .profile_tables import product_table
-from .spec import parse_config, targets_for_gpus
+from .spec import GpuSelectable, parse_config, targets_for_gpus
 
 Progress = Callable[[str], None]
 
@@ -77,17 +77,30 @@ def read_gpu(nvml: NvmlInterface, index: int, catalog: Catalog) -> GpuState:
     )
 
 
-def plan(nvml: NvmlInterface, config: list, force: bool) -> list[tuple[GpuPlan, Catalog]]:
-    """Validate the whole request and plan every selected GPU; raises before anything is written."""
+def plan(
+    nvml: NvmlInterface, config: list, force: bool, missing_devices: str = "fail"
+) -> list[tuple[GpuPlan, Catalog]]:
+    """Validate the whole request and plan every selected GPU; raises before anything is written.
+
+    Busy GPUs (without force) are all named in one BusyInstanceError, not only the first one met.
+    """
     entries = parse_config(config)
-    count = nvml.device_count()
-    identities = [nvml.identity(i) for i in range(count)]
-    targets = targets_for_gpus(entries, [(i.index, i.pci_device_id) for i in identities])
+    gpus = []
+    for index in range(nvml.device_count()):
+        identity = nvml.identity(index)
+        gpus.append(GpuSelectable(index, identity.pci_device_id, identity.pci_subsystem_id, nvml.mig_capable(index)))
+    targets = targets_for_gpus(entries, gpus, missing_devices)
     plans = []
+    busy: list[str] = []
     for index in sorted(targets):
         catalog = read_catalog(nvml, index, required=targets[index].mig_enabled)
         state = read_gpu(nvml, index, catalog)
-        plans.append((plan_gpu(state, targets[index], catalog, force), catalog))
+        try:
+            plans.append((plan_gpu(state, targets[index], catalog, force), catalog))
+        except BusyInstanceError as exc:
+            busy.append(exc.message.removesuffix(BUSY_HINT))
+    if busy:
+        raise BusyInstanceError("; ".join(busy) + BUSY_HINT)
     return plans
 
 
@@ -105,6 +118,7 @@ def gpu_result(gpu_plan: GpuPlan) -> dict:
         "done": [],
         "mig_mode_pending": False,
         "reset": False,
+        "reset_error": None,
     }
 
 
@@ -122,9 +136,23 @@ class _Applier:
     def run(self, gpu_plan: GpuPlan) -> None:
         index = gpu_plan.index
         for instance in gpu_plan.destroy:
-            for ci_id in instance.compute_instance_ids:
-                self.nvml.destroy_compute_instance(index, instance.gi_id, ci_id)
-            self.nvml.destroy_gpu_instance(index, instance.gi_id)
+            removed: list[int] = []
+            try:
+                for ci_id in instance.compute_instance_ids:
+                    self.nvml.destroy_compute_instance(index, instance.gi_id, ci_id)
+                    removed.append(ci_id)
+                self.nvml.destroy_gpu_instance(index, instance.gi_id)
+            except NvmlError:
+                if removed:  # half of a destroy is still a change on the GPU: report it
+                    self._done(
+                        {
+                            "op": "destroy_compute_instances",
+                            "profile": instance.profile,
+                            "start": instance.start,
+                            "compute_instance_ids": removed,
+                        }
+                    )
+                raise
             self._done({"op": "destroy", "profile": instance.profile, "start": instance.start})
         if gpu_plan.set_mode and not self._set_mode(gpu_plan):
             return  # mode change pending: instances can only be created once it is active
@@ -133,6 +161,25 @@ class _Applier:
             gi_id = self.nvml.create_gpu_instance(index, profile.id, slot.start, slot.size)
             self.nvml.create_compute_instance(index, gi_id, profile.slice_count)
             self._done({"op": "create", "profile": slot.profile, "start": slot.start})
+
+    def _reset(self, index: int) -> bool:
+        """Reset the GPU; False when it cannot be reset here, which leaves its mode change for a reboot.
+
+        NOT_SUPPORTED (e.g. a GPU of an NVLink domain, a passthrough VM) and IN_USE (processes still hold the GPU,
+        as with force) are what a reboot resolves: the mode stays pending, reboot_required is returned, and the
+        other GPUs are still processed. Any other failure is a failure.
+        """
+        try:
+            self.nvml.reset_gpu(index)
+        except NvmlError as exc:
+            if exc.code_name not in ("NOT_SUPPORTED", "IN_USE"):
+                raise
+            self.result["reset_error"] = exc.message
+            self.progress(f"GPU {index}: reset not possible here ({exc.message})")
+            return False
+        self.result["reset"] = True
+        self._done({"op": "reset"})
+        return True
 
     def _set_mode(self, gpu_plan: GpuPlan) -> bool:
         """Set the MIG mode; reset the GPU when the change stays pending. True when the new mode is active."""
@@ -150,10 +197,7 @@ class _Applier:
         # Both leave the change pending. Anything else is a failure.
         if status not in (ERROR_CODES["IN_USE"], ERROR_CODES["RESET_REQUIRED"]):
             raise NvmlError("nvmlDeviceSetMigMode (activation status)", status, error_name(status))
-        if self.reset and status == ERROR_CODES["IN_USE"]:
-            self.nvml.reset_gpu(index)
-            self.result["reset"] = True
-            self._done({"op": "reset"})
+        if self.reset and status == ERROR_CODES["IN_USE"] and self._reset(index):
             current, _pending = self.nvml.mig_mode(index)
             if current == gpu_plan.mig_after:
                 return True
@@ -169,9 +213,10 @@ def apply(
     reset: bool = True,
     check_mode: bool = False,
     progress: Progress = _quiet,
+    missing_devices: str = "fail",
 ) -> dict:
     """Plan and (unless check_mode) apply. Returns {"gpus": [...], "changed": bool, "reboot_required": bool}."""
-    plans = plan(nvml, config, force)
+    plans = plan(nvml, config, force, missing_devices)
     results = [gpu_result(p) for p, _catalog in plans]
     for (gpu_plan, catalog), result in zip(plans, results, strict=True):
         if check_mode or not gpu_plan.changed:
@@ -180,7 +225,8 @@ def apply(
             _Applier(nvml, catalog, result, reset, progress).run(gpu_plan)
         except NvmlError as exc:
             result["failed"] = True
-            raise ApplyError(_failure_message(result, exc, results), results) from None
+            busy = [problem for other, _catalog in plans for problem in busy_problems(other)]
+            raise ApplyError(_failure_message(result, exc, results, busy), results) from None
     return summarize(results)
 
 
@@ -192,7 +238,7 @@ def summarize(results: list[dict]) -> dict:
     }
 
 
-def _failure_message(failed: dict, exc: NvmlError, results: list[dict]) -> str:
+def _failure_message(failed: dict, exc: NvmlError, results: list[dict], busy: list[str] = ()) -> str:
     def describe(step: dict) -> str:
         if "profile" in step:
             return f"{step['op']} {step['profile']}@{step['start']}"
@@ -203,4 +249,9 @@ def _failure_message(failed: dict, exc: NvmlError, results: list[dict]) -> str:
     message = f"GPU {failed['index']} ({failed['uuid']}): {exc.message}; already done on GPU {failed['index']}: {done}"
     if finished:
         message += f"; GPUs completed before it: {', '.join(finished)}"
+    untouched = [str(r["index"]) for r in results if r["changed"] and r["index"] > failed["index"]]
+    if untouched:
+        message += f"; GPUs not attempted: {', '.join(untouched)}"
+    if busy:  # with force: every GPU where processes were in the way, not only the one that failed
+        message += f"; processes in the way (force): {'; '.join(busy)}"
     return message + "; rerun to converge"

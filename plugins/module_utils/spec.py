@@ -5,7 +5,10 @@ count and has a placement is decided by the planner against the catalog NVML rep
 
 Entry shape (mig-parted's, with underscores):
     {"devices": "all" | [0, 1], "mig_enabled": bool, "mig_devices": {"2g.20gb": 3, "1g.10gb": 1},
-     "device_filter": ["0x233010DE"]}        # optional, as mig-parted's device-filter (PCI device IDs)
+     "device_filter": ["0x233010DE", "0x233010DE:0x16C110DE"]}   # optional, as mig-parted's device-filter
+
+Profile names follow go-nvlib's grammar (what mig-parted accepts), so a file valid for mig-parted parses here even
+where it names profiles of other GPU models; whether a profile exists on a GPU is the planner's question.
 """
 
 from __future__ import annotations
@@ -15,10 +18,118 @@ from dataclasses import dataclass, field
 
 from .exceptions import SpecError
 
-# "1g.10gb", "1g.10gb+me", "7g.141gb", "1c.3g.40gb" is a CI profile (not supported: we create full-size CIs).
-PROFILE_NAME_RE = re.compile(r"^[1-8]g\.[0-9]+gb(\+[a-z]+)?$")
 SUPPORTED_MIG_PARTED_VERSIONS = ("v1",)
 _ENTRY_KEYS = {"devices", "mig_enabled", "mig_devices", "device_filter"}
+# GPU indexes and counts are small; bounding them keeps a 5,000-digit string from reaching int().
+_SMALL_INT = re.compile(r"[0-9]{1,6}")
+_MAX_SMALL_INT = 999_999
+
+
+@dataclass(frozen=True)
+class ProfileName:
+    """A MIG profile name parsed with go-nvlib's grammar (pkg/nvlib/device/mig_profile.go), which mig-parted uses.
+
+    ``[<C>c.]<G>g.<GB>gb`` then optionally ``+attr[,attr...]`` or ``-attr[,attr...]`` (not both); attributes are
+    alphanumeric with inner dots (``me``, ``me.all``, ``gfx``). Without ``<C>c.`` the compute slices equal the
+    GPU slices. Two spellings of one profile (``3c.3g.40gb`` and ``3g.40gb``, ``+me,gfx`` and ``+gfx,me``) are
+    the same profile: ``canonical`` is the one spelling (go-nvlib's String(), attributes sorted).
+    """
+
+    compute: int
+    gpu: int
+    gb: int
+    attributes: tuple[str, ...] = ()
+    negated: tuple[str, ...] = ()
+
+    @property
+    def canonical(self) -> str:
+        base = f"{self.gpu}g.{self.gb}gb" if self.compute == self.gpu else f"{self.compute}c.{self.gpu}g.{self.gb}gb"
+        if self.attributes:
+            return base + "+" + ",".join(self.attributes)
+        if self.negated:
+            return base + "-" + ",".join(self.negated)
+        return base
+
+    @property
+    def partial_compute(self) -> bool:
+        """A compute-instance profile smaller than its GPU instance (``1c.3g.40gb``)."""
+        return self.compute != self.gpu
+
+
+def _profile_field(text: str, suffix: str) -> int:
+    if text.strip() != text or not text.endswith(suffix):
+        raise ValueError(f"expected '<number>{suffix}', got {text!r}")
+    digits = text[: -len(suffix)]
+    if not _SMALL_INT.fullmatch(digits):
+        raise ValueError(f"malformed number in {text!r}")
+    return int(digits)
+
+
+def _profile_attributes(text: str) -> tuple[str, ...]:
+    attributes = text.split(",")
+    if len(set(attributes)) != len(attributes):
+        raise ValueError("an attribute is listed twice")
+    for attribute in attributes:
+        if not attribute:
+            raise ValueError("empty attribute")
+        if attribute[0].isdigit() or attribute[0] == "." or attribute[-1] == ".":
+            raise ValueError(f"attribute {attribute!r} starts with a digit or starts/ends with a dot")
+        if not all(c.isascii() and (c.isalnum() or c == ".") for c in attribute):
+            raise ValueError(f"attribute {attribute!r} has characters other than letters, digits and dots")
+    return tuple(sorted(attributes))
+
+
+def parse_profile_name(name: str) -> ProfileName:
+    """Parse a profile name as go-nvlib does; ValueError says what is wrong."""
+    if not name:
+        raise ValueError("empty profile name")
+    plus, minus = name.split("+", 1), name.split("-", 1)
+    if len(plus) == 2 and len(minus) == 2:
+        raise ValueError("both '+' and '-' attributes")
+    parts = plus if len(plus) == 2 else minus
+    fields = parts[0].split(".", 2)
+    if len(fields) == 3:
+        compute, gpu, gb = (
+            _profile_field(fields[0], "c"),
+            _profile_field(fields[1], "g"),
+            _profile_field(fields[2], "gb"),
+        )
+    elif len(fields) == 2:
+        gpu, gb = _profile_field(fields[0], "g"), _profile_field(fields[1], "gb")
+        compute = gpu
+    else:
+        raise ValueError("expected [<C>c.]<G>g.<GB>gb")
+    attributes = _profile_attributes(parts[1]) if len(parts) == 2 else ()
+    if len(plus) == 2:
+        return ProfileName(compute, gpu, gb, attributes=attributes)
+    return ProfileName(compute, gpu, gb, negated=attributes)
+
+
+@dataclass(frozen=True)
+class DeviceId:
+    """A device-filter entry: PCI device+vendor ID, optionally with the subsystem device+vendor ID.
+
+    As mig-parted's pkg/types/device.go: ``0xDDDDVVVV`` matches every board of that GPU model,
+    ``0xDDDDVVVV:0xSSSSVVVV`` only boards whose subsystem ID matches too.
+    """
+
+    device: int
+    subsystem: int | None = None
+
+    def matches(self, device: int | None, subsystem: int | None) -> bool:
+        if device != self.device:
+            return False
+        return self.subsystem is None or subsystem == self.subsystem
+
+
+@dataclass(frozen=True)
+class GpuSelectable:
+    """What entries select GPUs by: index, PCI IDs, and whether the GPU can do MIG at all."""
+
+    index: int
+    pci_device_id: int | None = None
+    pci_subsystem_id: int | None = None
+    mig_capable: bool = True
 
 
 @dataclass(frozen=True)
@@ -27,14 +138,16 @@ class LayoutEntry:
 
     devices: str | tuple[int, ...]  # "all" or GPU indexes
     mig_enabled: bool
-    mig_devices: dict[str, int] = field(default_factory=dict)
-    device_filter: tuple[int, ...] = ()  # PCI device IDs (nvmlPciInfo.pciDeviceId); empty = any GPU
+    mig_devices: dict[str, int] = field(default_factory=dict)  # canonical profile name -> count
+    device_filter: tuple[DeviceId, ...] = ()  # empty = any GPU
     position: int = 0  # index of the entry in the request, for messages
 
-    def selects(self, index: int, pci_device_id: int | None) -> bool:
-        if self.device_filter and pci_device_id not in self.device_filter:
+    def selects(self, gpu: GpuSelectable) -> bool:
+        if self.device_filter and not any(
+            f.matches(gpu.pci_device_id, gpu.pci_subsystem_id) for f in self.device_filter
+        ):
             return False
-        return self.devices == "all" or index in self.devices
+        return self.devices == "all" or gpu.index in self.devices
 
 
 @dataclass(frozen=True)
@@ -50,15 +163,26 @@ def _fail(position: int, message: str) -> SpecError:
     return SpecError(f"config[{position}]: {message}")
 
 
+def _show(value) -> str:
+    # Values go into messages: a 5,000-digit string must not (and repr() of a 5,000-digit int raises).
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**40:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+
+
 def _as_int(value, what: str, position: int) -> int:
-    # bool is an int subclass in Python; "true" must not become a count of 1.
+    # bool is an int subclass in Python; "true" must not become a count of 1. ASCII digits only: "²".isdigit()
+    # is True but int() refuses it, and a huge digit string would hit int()'s limit.
     if isinstance(value, bool):
-        raise _fail(position, f"{what} must be an integer, got {value!r}")
-    if isinstance(value, int):
+        raise _fail(position, f"{what} must be an integer, got {_show(value)}")
+    if isinstance(value, int) and -_MAX_SMALL_INT <= value <= _MAX_SMALL_INT:
         return value
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and _SMALL_INT.fullmatch(value.strip()):
         return int(value.strip())
-    raise _fail(position, f"{what} must be an integer, got {value!r}")
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        raise _fail(position, f"{what} must be an integer from 0 to {_MAX_SMALL_INT}, got {_show(value)}")
+    raise _fail(position, f"{what} must be an integer, got {_show(value)}")
 
 
 def _as_bool(value, what: str, position: int) -> bool:
@@ -66,18 +190,26 @@ def _as_bool(value, what: str, position: int) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "yes", "on", "false", "no", "off"):
         return value.lower() in ("true", "yes", "on")
-    raise _fail(position, f"{what} must be a boolean, got {value!r}")
+    raise _fail(position, f"{what} must be a boolean, got {_show(value)}")
 
 
-def _parse_pci_id(value, position: int) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
+_PCI_ID = re.compile(r"(?:0[xX])?([0-9a-fA-F]{1,8})")
+
+
+def _parse_pci_id(value, position: int) -> DeviceId:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0xFFFFFFFF:
+        return DeviceId(value)
     if isinstance(value, str):
-        try:
-            return int(value, 16)
-        except ValueError:
-            pass
-    raise _fail(position, f"device_filter entries must be PCI device IDs such as '0x233010DE', got {value!r}")
+        parts = value.strip().split(":")
+        matches = [_PCI_ID.fullmatch(part) for part in parts]
+        if len(parts) in (1, 2) and all(matches):
+            ids = [int(m.group(1), 16) for m in matches]
+            return DeviceId(ids[0], ids[1] if len(ids) == 2 else None)
+    raise _fail(
+        position,
+        "device_filter entries must be PCI IDs such as '0x233010DE' (device+vendor) or '0x233010DE:0x16C110DE' "
+        f"(with the subsystem ID), got {_show(value)}",
+    )
 
 
 def parse_entry(raw, position: int) -> LayoutEntry:
@@ -103,22 +235,29 @@ def parse_entry(raw, position: int) -> LayoutEntry:
             raise _fail(position, f"GPU indexes are listed twice in {indexes}")
         devices = tuple(sorted(indexes))
     else:
-        raise _fail(position, f"'devices' must be 'all' or a non-empty list of GPU indexes, got {raw_devices!r}")
+        raise _fail(position, f"'devices' must be 'all' or a non-empty list of GPU indexes, got {_show(raw_devices)}")
 
     mig_enabled = _as_bool(raw["mig_enabled"], "'mig_enabled'", position)
     raw_counts = raw.get("mig_devices") or {}
     if not isinstance(raw_counts, dict):
-        raise _fail(position, f"'mig_devices' must map profile names to counts, got {raw_counts!r}")
+        raise _fail(position, f"'mig_devices' must map profile names to counts, got {_show(raw_counts)}")
     if raw_counts and not mig_enabled:
         raise _fail(position, "'mig_devices' is set but 'mig_enabled' is false")
     counts: dict[str, int] = {}
-    for name, raw_count in raw_counts.items():
-        name = str(name)
-        if not PROFILE_NAME_RE.match(name):
-            raise _fail(position, f"{name!r} is not a GPU-instance profile name (expected e.g. '1g.10gb', '3g.40gb')")
+    for raw_name, raw_count in raw_counts.items():
+        try:
+            name = parse_profile_name(str(raw_name)).canonical
+        except ValueError as exc:
+            raise _fail(
+                position,
+                f"{_show(raw_name)} is not a MIG profile name ({exc}; expected e.g. '1g.10gb', '1g.10gb+me', "
+                "'3g.40gb')",
+            ) from None
         count = _as_int(raw_count, f"count of {name}", position)
         if count < 0:
             raise _fail(position, f"count of {name} must be >= 0, got {count}")
+        if name in counts:
+            raise _fail(position, f"{name} is listed twice (as two spellings of one profile)")
         if count:
             counts[name] = count
 
@@ -136,57 +275,120 @@ def parse_config(config) -> list[LayoutEntry]:
     return [parse_entry(raw, position) for position, raw in enumerate(config)]
 
 
-def targets_for_gpus(entries: list[LayoutEntry], gpus: list[tuple[int, int | None]]) -> dict[int, GpuTarget]:
-    """Map each GPU (index, PCI device id) to its target. GPUs no entry selects are left alone (not in the result).
+MISSING_DEVICES_CHOICES = ("fail", "skip")
 
-    An index beyond the GPUs present is an error (a typo must not silently configure nothing), as is a GPU selected
-    by two entries (which layout would win is not obvious to the reader).
+
+def targets_for_gpus(
+    entries: list[LayoutEntry], gpus: list[GpuSelectable], missing_devices: str = "fail"
+) -> dict[int, GpuTarget]:
+    """Map each GPU to its target. GPUs no entry selects are left alone (not in the result).
+
+    - An index beyond the GPUs present is an error by default (a typo must not silently configure nothing);
+      ``missing_devices="skip"`` ignores it, as mig-parted does (a GPU Operator file written for bigger hosts).
+    - A GPU that cannot do MIG is skipped where mig-parted skips it (``devices: all``, or MIG off wanted) and is
+      an error where an entry names its index and wants MIG on.
+    - A GPU selected by two entries is an error (mig-parted lets the last one win; which layout would win is not
+      obvious to the reader).
     """
-    present = {index for index, _device_id in gpus}
+    if missing_devices not in MISSING_DEVICES_CHOICES:
+        raise SpecError(f"missing_devices must be one of {', '.join(MISSING_DEVICES_CHOICES)}, got {missing_devices!r}")
+    present = {gpu.index for gpu in gpus}
     for entry in entries:
-        if entry.devices != "all":
+        if entry.devices != "all" and missing_devices == "fail":
             missing = sorted(set(entry.devices) - present)
             if missing:
                 raise _fail(
                     entry.position,
-                    f"GPU index(es) {missing} do not exist on this host (GPUs: {sorted(present) or 'none'})",
+                    f"GPU index(es) {missing} do not exist on this host (GPUs: {sorted(present) or 'none'}; "
+                    "missing_devices=skip ignores them, as mig-parted does)",
                 )
     targets: dict[int, GpuTarget] = {}
-    for index, pci_device_id in gpus:
-        selecting = [e for e in entries if e.selects(index, pci_device_id)]
+    for gpu in gpus:
+        selecting = [e for e in entries if e.selects(gpu)]
+        if not gpu.mig_capable:
+            for entry in selecting:
+                if entry.devices != "all" and entry.mig_enabled:
+                    raise _fail(entry.position, f"GPU {gpu.index} cannot do MIG (NVML reports no MIG mode)")
+            continue  # nothing to set on it: left as it is
         if len(selecting) > 1:
             positions = ", ".join(f"config[{e.position}]" for e in selecting)
-            raise SpecError(f"GPU {index} is selected by more than one entry ({positions})")
+            raise SpecError(f"GPU {gpu.index} is selected by more than one entry ({positions})")
         if selecting:
             entry = selecting[0]
-            targets[index] = GpuTarget(entry.mig_enabled, dict(entry.mig_devices), entry.position)
+            targets[gpu.index] = GpuTarget(entry.mig_enabled, dict(entry.mig_devices), entry.position)
     return targets
+
+
+_MIG_PARTED_KEYS = ("device-filter", "devices", "mig-enabled", "mig-devices")
+
+
+def _check_mig_parted_entry(raw, where: str) -> None:
+    """mig-parted's own rules for one entry (api/spec/v1/spec.go MigConfigSpec, pkg/types/mig_config.go)."""
+    if not isinstance(raw, dict):
+        raise SpecError(f"{where}: must be a mapping, got {_show(raw)}")
+    unknown = sorted(str(k) for k in set(raw) - set(_MIG_PARTED_KEYS))
+    if unknown:
+        raise SpecError(f"{where}: unexpected field(s) {', '.join(unknown)}")
+    for key in ("devices", "mig-enabled"):
+        if key not in raw:
+            raise SpecError(f"{where}: missing required field {key}")
+    device_filter = raw.get("device-filter")
+    if "device-filter" in raw and not (
+        isinstance(device_filter, str)
+        or (isinstance(device_filter, list) and all(isinstance(v, str) for v in device_filter))
+    ):
+        raise SpecError(f"{where}: device-filter must be a string or a list of strings, got {_show(device_filter)}")
+    devices = raw["devices"]
+    if not (devices == "all" or (isinstance(devices, list) and all(type(d) is int for d in devices))):
+        raise SpecError(f"{where}: devices must be 'all' or a list of integers, got {_show(devices)}")
+    if not isinstance(raw["mig-enabled"], bool):
+        raise SpecError(f"{where}: mig-enabled must be true or false, got {_show(raw['mig-enabled'])}")
+    mig_devices = raw.get("mig-devices")
+    if raw["mig-enabled"] and mig_devices is None:
+        raise SpecError(f"{where}: missing required field 'mig-devices' when 'mig-enabled' is true (use {{}} for none)")
+    if mig_devices is None:
+        return
+    if not isinstance(mig_devices, dict):
+        raise SpecError(f"{where}: mig-devices must map profile names to counts, got {_show(mig_devices)}")
+    if not raw["mig-enabled"] and mig_devices:
+        raise SpecError(f"{where}: MIG devices included when 'mig-enabled' is false")
+    for name, count in mig_devices.items():
+        try:
+            parse_profile_name(str(name))
+        except ValueError as exc:
+            raise SpecError(f"{where}: invalid MIG profile name {_show(name)}: {exc}") from None
+        if type(count) is not int or count < 0:
+            raise SpecError(f"{where}: invalid count for {name}: {_show(count)}")
+    if mig_devices and not any(mig_devices.values()):
+        raise SpecError(f"{where}: all counts of mig-devices are 0")
 
 
 def config_from_mig_parted(document, config_name: str) -> list[dict]:
     """Turn a parsed mig-parted config document (`version: v1`, `mig-configs:`) into our entry list.
 
-    mig-parted's keys use dashes (mig-enabled, mig-devices, device-filter); ours use underscores.
+    The whole file is checked with mig-parted's rules first, every config in it (mig-parted parses the file as a
+    whole and refuses it if any part is invalid), then the selected config is returned with our key names
+    (mig-parted's use dashes: mig-enabled, mig-devices, device-filter).
     """
     if not isinstance(document, dict):
         raise SpecError("mig-parted config: the file must contain a mapping with 'version' and 'mig-configs'")
     version = document.get("version")
     if version not in SUPPORTED_MIG_PARTED_VERSIONS:
         supported = ", ".join(SUPPORTED_MIG_PARTED_VERSIONS)
-        raise SpecError(f"mig-parted config: unsupported version {version!r} (supported: {supported})")
+        raise SpecError(f"mig-parted config: unsupported version {_show(version)} (supported: {supported})")
+    unknown = sorted(str(k) for k in set(document) - {"version", "mig-configs"})
+    if unknown:
+        raise SpecError(f"mig-parted config: unexpected field(s) {', '.join(unknown)}")
     configs = document.get("mig-configs")
     if not isinstance(configs, dict) or not configs:
         raise SpecError("mig-parted config: 'mig-configs' must be a non-empty mapping of config names to entries")
+    for name, raw_entries in configs.items():
+        if not isinstance(raw_entries, list) or not raw_entries:
+            raise SpecError(f"mig-parted config: {str(name)!r} must be a non-empty list of entries")
+        for position, raw in enumerate(raw_entries):
+            _check_mig_parted_entry(raw, f"mig-parted config: {str(name)!r} entry {position}")
     if config_name not in configs:
         raise SpecError(
             f"mig-parted config: no config named {config_name!r} (available: {', '.join(sorted(map(str, configs)))})"
         )
-    raw_entries = configs[config_name]
-    if not isinstance(raw_entries, list):
-        raise SpecError(f"mig-parted config: {config_name!r} must be a list of entries")
-    entries = []
-    for raw in raw_entries:
-        if not isinstance(raw, dict):
-            raise SpecError(f"mig-parted config: entries of {config_name!r} must be mappings, got {raw!r}")
-        entries.append({key.replace("-", "_"): value for key, value in raw.items()})
-    return entries
+    return [{key.replace("-", "_"): value for key, value in raw.items()} for raw in configs[config_name]]

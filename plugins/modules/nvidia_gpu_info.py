@@ -68,6 +68,16 @@ gpus:
       description: PCI device ID (device << 16 | vendor), as mig-parted's device-filter.
       type: str
       sample: "0x233010DE"
+    pci_subsystem_id:
+      description:
+        - PCI subsystem ID of the board (subsystem device << 16 | subsystem vendor), for mig-parted device-filter
+          entries written C(0x233010DE:0x16C110DE); null when NVML does not say.
+      type: str
+      sample: "0x16C110DE"
+    mig_capable:
+      description: Whether the GPU can do MIG at all (NVML reports a MIG mode for it).
+      type: bool
+      sample: true
     mig_mode:
       description: MIG mode now and after the next reset.
       type: dict

@@ -20,7 +20,11 @@ description:
     C(nvmlDeviceCreateGpuInstanceWithPlacement), each with one compute instance spanning it. GPUs whose layout
     already matches are not touched.
   - A MIG mode change that stays pending (C(nvmlDeviceSetMigMode) returns an activation status) is completed by
-    resetting only that GPU when O(reset=true); otherwise RV(reboot_required) is set.
+    resetting only that GPU when O(reset=true); otherwise, or when that GPU cannot be reset here (reset not
+    supported, or processes still hold it after O(force)), RV(reboot_required) is set, RV(gpus[].reset_error) says
+    why, and the other GPUs are still processed.
+  - GPUs that cannot do MIG are left alone where mig-parted skips them (O(config[].devices=all), or MIG off
+    wanted); an entry that names such a GPU's index and wants MIG on fails.
   - An NVML failure part-way fails the task with what was already done on which GPU (RV(gpus[].done)); rerunning
     converges.
 author: gpufleet maintainers (@gpufleet)
@@ -28,13 +32,16 @@ options:
   config:
     description:
       - The layout, a list of entries. Each entry selects GPUs with O(config[].devices) and says what they must look
-        like. GPUs no entry selects are left alone; a GPU selected by two entries is an error.
+        like. GPUs no entry selects are left alone; a GPU selected by two entries is an error (mig-parted would let
+        the last one win).
       - Mutually exclusive with O(mig_parted_file).
     type: list
     elements: dict
     suboptions:
       devices:
-        description: V(all) or a list of GPU indexes.
+        description:
+          - V(all) or a list of GPU indexes (whole numbers from 0).
+          - An index the host does not have fails the task unless O(missing_devices=skip).
         type: raw
         required: true
       mig_enabled:
@@ -46,18 +53,30 @@ options:
           - Map of GPU-instance profile name to count, for example C(2g.20gb) to V(3) and C(1g.10gb) to V(1).
           - Requires O(config[].mig_enabled).
           - Profile names are the ones NVML reports for the GPU (C(1g.10gb), C(1g.10gb+me), C(3g.40gb), ...); IDs are
-            never used here.
+            never used here. Names are read with go-nvlib's grammar, as mig-parted reads them
+            (C([<C>c.]<G>g.<GB>gb[+attr,...|-attr,...]), e.g. C(1g.24gb+me.all), C(2g.48gb-me)), so names of other
+            GPU models are not an error in entries that do not select this GPU. A profile the GPU does not have
+            fails, naming the valid ones. Compute-instance forms smaller than their GPU instance (C(1c.3g.40gb)) are
+            accepted by the grammar but fail when they select a GPU - one compute instance spans each GPU
+            instance here.
         type: dict
       device_filter:
         description:
-          - Optional PCI device IDs (as in mig-parted, e.g. V(0x233010DE)); the entry then only applies to GPUs of
-            those models.
+          - Optional PCI IDs, as mig-parted's C(device-filter); the entry then only applies to GPUs that match one
+            of them.
+          - V(0x233010DE) (device and vendor) matches every board of that GPU model; V(0x233010DE:0x16C110DE) also
+            needs the board's subsystem ID (subsystem device and vendor) to match.
         type: list
         elements: raw
   mig_parted_file:
     description:
       - Path (on the managed host) of a mig-parted C(version v1) config file; the config named O(mig_parted_config)
         is applied. Lets users of the GPU Operator reuse their file. Mutually exclusive with O(config).
+      - The whole file is checked with mig-parted's rules first (as mig-parted does, every config in it) - for
+        example C(mig-enabled true) needs C(mig-devices) (C({}) for none), and counts may not all be 0.
+      - Entries are applied with mig-parted's selection - C(device-filter), then C(devices); a GPU no entry selects
+        is left as it is. Two differences remain by design, both failing before any write - a GPU selected by two
+        entries, and (unless O(missing_devices=skip)) an index the host does not have.
     type: path
   mig_parted_config:
     description: Name of the config in O(mig_parted_file) (a key of its C(mig-configs)).
@@ -70,6 +89,14 @@ options:
         clients that are being stopped.
     type: bool
     default: false
+  missing_devices:
+    description:
+      - What to do with GPU indexes in O(config[].devices) (or a file's C(devices)) that this host does not have.
+      - V(fail) (default) refuses the request before any write - a typo must not silently configure nothing.
+      - V(skip) ignores them, as mig-parted does; meant for GPU Operator files written for hosts with more GPUs.
+    type: str
+    choices: [fail, skip]
+    default: fail
   reset:
     description:
       - Reset the GPUs whose MIG mode change stays pending (only those GPUs). When false, or when the reset is not
@@ -166,7 +193,9 @@ gpus:
     done:
       description:
         - Steps actually carried out, in order - the instance actions plus C(enable_mig)/C(disable_mig) (with NVML's
-          activation status) and C(reset). Empty in check mode; on failure, what was done before it.
+          activation status) and C(reset). Empty in check mode; on failure, what was done before it, including
+          C(destroy_compute_instances) (with C(compute_instance_ids)) when a destroy failed after removing the
+          instance's compute instances.
       type: list
       elements: dict
       sample: [{"op": "destroy", "profile": "3g.40gb", "start": 4}]
@@ -182,6 +211,12 @@ gpus:
       description: This GPU was reset to activate its MIG mode change.
       type: bool
       sample: false
+    reset_error:
+      description:
+        - Why the reset that would have activated the pending MIG mode was not possible here (the GPU then needs
+          a reboot, see RV(reboot_required)); null otherwise.
+      type: str
+      sample: "nvidia-smi --gpu-reset failed: NVML_ERROR_NOT_SUPPORTED (3): GPU reset is not supported here"
 reboot_required:
   description: Some GPU's MIG mode change is still pending (reset disabled or not possible).
   returned: always
@@ -254,6 +289,7 @@ def argument_spec() -> dict:
         "mig_parted_file": {"type": "path"},
         "mig_parted_config": {"type": "str"},
         "force": {"type": "bool", "default": False},
+        "missing_devices": {"type": "str", "default": "fail", "choices": ["fail", "skip"]},
         "reset": {"type": "bool", "default": True},
     }
     spec.update(nvml_backend_args())
@@ -277,7 +313,14 @@ def main():
             # Drop the suboptions Ansible filled with None so the spec sees what the user wrote.
             config = [{k: v for k, v in entry.items() if v is not None} for entry in params["config"]]
         nvml = open_nvml(params["nvml_sim_state"])
-        result = apply(nvml, config, force=params["force"], reset=params["reset"], check_mode=module.check_mode)
+        result = apply(
+            nvml,
+            config,
+            force=params["force"],
+            reset=params["reset"],
+            check_mode=module.check_mode,
+            missing_devices=params["missing_devices"],
+        )
     except MigError as exc:
         module.fail_json(msg=exc.message, gpus=exc.results, changed=any(r.get("done") for r in exc.results))
     finally:

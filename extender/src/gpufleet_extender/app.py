@@ -26,11 +26,22 @@ from gpufleet_extender.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
+# Start-up waits this long for the first snapshot, then serves without it (/readyz says "loading" until it
+# is in): probes answer at once however large the metrics are, and small sources are in before the first request.
+FIRST_SNAPSHOT_WAIT_SECONDS = 0.05
+
 
 def build_source(settings: Settings) -> MetricsSource:
     if settings.METRICS_SOURCE is MetricsSourceKind.FILE:
-        return FileSource(settings.METRICS_FILE, settings.NODE_NAME_LABELS)
-    return PrometheusSource(settings.PROMETHEUS_URL, settings.NODE_NAME_LABELS, settings.PROMETHEUS_TIMEOUT_SECONDS)
+        return FileSource(
+            settings.METRICS_FILE, settings.NODE_NAME_LABELS, max_skew=settings.METRICS_MAX_CLOCK_SKEW_SECONDS
+        )
+    return PrometheusSource(
+        settings.PROMETHEUS_URL,
+        settings.NODE_NAME_LABELS,
+        settings.PROMETHEUS_TIMEOUT_SECONDS,
+        max_skew=settings.METRICS_MAX_CLOCK_SKEW_SECONDS,
+    )
 
 
 def create_app(
@@ -46,23 +57,28 @@ def create_app(
     telemetry = Telemetry()
     extenders: list[Extender] = []  # the lifespan's, once it runs
     warmed = {"version": -1}
+    warm_tasks: set[asyncio.Task] = set()  # referenced until done (the loop keeps only weak references)
 
     def on_update(snapshot: MetricsSnapshot) -> None:
         telemetry.nodes_with_metrics.set(len(snapshot.nodes))
-        if snapshot.version != warmed["version"]:
-            # A snapshot is ~10 objects per device and lives until the next one: keep the cyclic GC from
-            # walking it again and again in the middle of requests (refcounting still frees old ones).
-            gc.freeze()
-        if extenders and snapshot.version != warmed["version"]:
-            # Build the new snapshot's decision tables off the event loop, before requests need them.
-            warmed["version"] = snapshot.version
-            asyncio.get_running_loop().run_in_executor(None, extenders[0].warm)
+        if snapshot.version == warmed["version"]:
+            return
+        warmed["version"] = snapshot.version
+        # A snapshot is ~10 objects per device and lives until the next one: keep the cyclic GC from
+        # walking it again and again in the middle of requests (refcounting still frees old ones).
+        gc.freeze()
+        if extenders:
+            # Evaluate the new snapshot's nodes for recent pod shapes between requests, before they need them.
+            task = asyncio.get_running_loop().create_task(extenders[0].warm(), name="warm-decision-tables")
+            warm_tasks.add(task)
+            task.add_done_callback(warm_tasks.discard)
 
     refresher = SnapshotRefresher(
         source,
         settings.METRICS_REFRESH_SECONDS,
         on_error=lambda name: telemetry.source_errors.labels(name).inc(),
         on_update=on_update,
+        on_fault=lambda name, fault, count: telemetry.metrics_faults.labels(name, fault).inc(count),
     )
 
     @contextlib.asynccontextmanager
@@ -73,26 +89,35 @@ def create_app(
             api = k8s_watch.connect(settings.KUBE_API)
             if api is not None:
                 state = ClusterState(settings.TENANT_LABEL, settings.INFLIGHT_MAX_SECONDS)
-                watcher = k8s_watch.ClusterWatcher(api, state)
+                watcher = k8s_watch.ClusterWatcher(
+                    api, state, on_error=lambda kind, status: telemetry.kube_api_errors.labels(kind, status).inc()
+                )
                 watcher.start()
+        # Kinds the API refuses to the extender (missing RBAC): /readyz reports them and answers 503.
+        refused = watcher.refused if watcher is not None else dict
+        app.state.kube_api_refused = refused
         extender = Extender(
             settings,
             telemetry,
             state,
             snapshot_provider=lambda: refresher.snapshot,
             source_error=lambda: refresher.last_error,
+            source_warnings=lambda: refresher.warnings,
+            loading=lambda: not refresher.first_attempt.is_set(),
         )
-        telemetry.bind_live_values(extender.metrics_age, extender.ready)
+        telemetry.bind_live_values(extender.metrics_age, lambda: extender.ready() and not refused())
         app.state.extender = extender
         extenders.append(extender)
-        await refresher.refresh_once()  # serve the first requests with data when the source answers at once
         task = asyncio.create_task(refresher.run(), name="metrics-refresher")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(refresher.first_attempt.wait(), FIRST_SNAPSHOT_WAIT_SECONDS)
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for running in (task, *warm_tasks):
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
             if watcher is not None:
                 watcher.stop()
             aclose = getattr(source, "aclose", None)

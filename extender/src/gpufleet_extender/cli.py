@@ -43,6 +43,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         access_log=args.access_log,
+        http=args.http,
+        loop=args.loop,
     )
     return 0
 
@@ -54,6 +56,9 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--config", help="YAML or JSON settings file; environment variables override it")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--access-log", action="store_true", help="log every request (off: the verbs are hot)")
+    # kube-scheduler waits on every call: the C HTTP parser and event loop take a good part off each request.
+    serve.add_argument("--http", default="httptools", choices=["httptools", "h11"], help="default: %(default)s")
+    serve.add_argument("--loop", default="uvloop", choices=["uvloop", "asyncio"], help="default: %(default)s")
     serve.set_defaults(handler=_serve)
 
 

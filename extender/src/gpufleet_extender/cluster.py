@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import msgspec
 
 from gpufleet_extender.pods import GpuRequest, pod_gpu_request
-from gpufleet_extender.snapshot import MetricsSnapshot
+from gpufleet_extender.snapshot import MetricsSnapshot, NodeMetrics
 from gpufleet_extender.wire import Pod, WireError
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -69,8 +70,15 @@ def _bound_pod(obj: Mapping[str, Any], seen_at: float) -> BoundPod | None:
     return BoundPod(node, request, bound_at, min(starts) if starts else None)
 
 
+_CHANGES_KEPT = 4096  # per-version records of touched nodes; a reader further behind starts over
+
+
 class ClusterState:
-    """Thread-safe: watch threads write, request handlers read. ``version`` changes with what matters."""
+    """Thread-safe: watch threads write, request handlers read. ``version`` changes with what matters.
+
+    Each version step records the nodes whose verdicts it may change (a pod bound to or gone from a node, a
+    node's tenant label), so readers re-evaluate only those: ``changed_nodes_since``.
+    """
 
     def __init__(self, tenant_label: str, inflight_max_seconds: float, clock: Callable[[], float] = time.time):
         self._tenant_label = tenant_label
@@ -78,6 +86,8 @@ class ClusterState:
         self._clock = clock
         self._lock = threading.Lock()
         self._pods: dict[str, BoundPod] = {}
+        self._pods_by_node: dict[str, dict[str, BoundPod]] = {}
+        self._changes: deque[tuple[int, Collection[str] | None]] = deque(maxlen=_CHANGES_KEPT)
         self._node_tenants: dict[str, str | None] = {}
         self._namespace_tenants: dict[str, str | None] = {}
         self.version = 0
@@ -94,40 +104,81 @@ class ClusterState:
         with self._lock:
             if kind == "Pod":
                 key = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
-                record = None if deleted else _bound_pod(obj, self._clock())
-                if record is None:
-                    self._forget(self._pods, key)
-                else:
-                    self._remember(self._pods, key, record)
+                self._set_pod(key, None if deleted else _bound_pod(obj, self._clock()))
             elif kind in ("Node", "Namespace") and meta.get("name"):
                 table = self._node_tenants if kind == "Node" else self._namespace_tenants
+                # A namespace's tenant picks the decision table, it changes no node's verdict in one.
+                touched = (meta["name"],) if kind == "Node" else ()
                 if deleted:
-                    self._forget(table, meta["name"])
+                    self._forget(table, meta["name"], touched)
                 else:
-                    self._remember(table, meta["name"], (meta.get("labels") or {}).get(self._tenant_label))
+                    labels = meta.get("labels") or {}
+                    self._remember(table, meta["name"], labels.get(self._tenant_label), touched)
 
     # Bump the version only on real changes: pods' status updates must not empty the decision caches.
-    def _remember(self, table: dict[str, Any], key: str, value: Any) -> None:
+    def _remember(self, table: dict[str, Any], key: str, value: Any, touched: Collection[str]) -> None:
         if key not in table or table[key] != value:
             table[key] = value
-            self.version += 1
+            self._bump(touched)
 
-    def _forget(self, table: dict[str, Any], key: str) -> None:
+    def _forget(self, table: dict[str, Any], key: str, touched: Collection[str]) -> None:
         if key in table:
             del table[key]
-            self.version += 1
+            self._bump(touched)
+
+    def _set_pod(self, key: str, record: BoundPod | None) -> None:
+        old = self._pods.get(key)
+        if old == record:
+            return
+        if old is not None:
+            del self._pods[key]
+            on_node = self._pods_by_node[old.node]
+            del on_node[key]
+            if not on_node:
+                del self._pods_by_node[old.node]
+        if record is not None:
+            self._pods[key] = record
+            self._pods_by_node.setdefault(record.node, {})[key] = record
+        self._bump({pod.node for pod in (old, record) if pod is not None})
+
+    def _bump(self, touched: Collection[str] | None) -> None:
+        """Step the version; ``touched``: the nodes whose verdicts may change (None: any node)."""
+        self.version += 1
+        self._changes.append((self.version, touched))
 
     def replace(self, kind: str, objects: list[Mapping[str, Any]]) -> None:
         """Start over from a fresh list (after a watch restarted), then apply each as ADDED."""
         with self._lock:
-            {"Pod": self._pods, "Node": self._node_tenants, "Namespace": self._namespace_tenants}[kind].clear()
-            self.version += 1
+            if kind == "Pod":
+                self._pods.clear()
+                self._pods_by_node.clear()
+            else:
+                (self._node_tenants if kind == "Node" else self._namespace_tenants).clear()
+            self._bump(None)
             if kind == "Namespace":
                 self.namespaces_known = True
             elif kind == "Node":
                 self.nodes_known = True
         for obj in objects:
             self.apply_event(kind, "ADDED", obj)
+
+    def changed_nodes_since(self, version: int) -> tuple[int, set[str] | None]:
+        """(current version, nodes touched after ``version``); None instead of a set: start over."""
+        with self._lock:
+            current = self.version
+            if version == current:
+                return current, set()
+            changes = self._changes
+            if version > current or not changes or changes[0][0] > version + 1:
+                return current, None  # the records of those steps are gone
+            touched: set[str] = set()
+            for step, nodes in reversed(changes):
+                if step <= version:
+                    break
+                if nodes is None:
+                    return current, None
+                touched.update(nodes)
+            return current, touched
 
     # --- reading -----------------------------------------------------------------------------------------
 
@@ -153,20 +204,37 @@ class ClusterState:
         assumed: dict[str, dict[str, int]] = {}
         valid_until = float("inf")
         with self._lock:
-            pods = list(self._pods.values())
-        for pod in pods:
-            expires = pod.bound_at + self._inflight_max
-            if now >= expires:
-                continue
-            node_metrics = snapshot.nodes.get(pod.node)
-            if (
-                pod.running_since is not None
-                and node_metrics is not None
-                and node_metrics.sample_time > pod.running_since
-            ):
-                continue  # a sample taken after the pod started shows its load already
-            per_resource = assumed.setdefault(pod.node, {})
-            for want in pod.request:
-                per_resource[want.resource] = per_resource.get(want.resource, 0) + want.count
+            nodes = list(self._pods_by_node)
+        for node in nodes:
+            per_resource, expires = self.assumed_on(node, snapshot.nodes.get(node), now)
+            if per_resource is not None:
+                assumed[node] = per_resource
             valid_until = min(valid_until, expires)
         return assumed, valid_until
+
+    def assumed_on(
+        self, node: str, node_metrics: NodeMetrics | None, now: float
+    ) -> tuple[dict[str, int] | None, float]:
+        """``assumed_load`` of one node (None: nothing assumed) and the moment the first of its pods expires."""
+        with self._lock:
+            pods = list((self._pods_by_node.get(node) or {}).values())
+        return _assumed(pods, node_metrics, now, self._inflight_max)
+
+
+def _assumed(
+    pods: Iterable[BoundPod], node_metrics: NodeMetrics | None, now: float, inflight_max: float
+) -> tuple[dict[str, int] | None, float]:
+    per_resource: dict[str, int] | None = None
+    valid_until = float("inf")
+    for pod in pods:
+        expires = pod.bound_at + inflight_max
+        if now >= expires:
+            continue
+        if pod.running_since is not None and node_metrics is not None and node_metrics.sample_time > pod.running_since:
+            continue  # a sample taken after the pod started shows its load already
+        if per_resource is None:
+            per_resource = {}
+        for want in pod.request:
+            per_resource[want.resource] = per_resource.get(want.resource, 0) + want.count
+        valid_until = min(valid_until, expires)
+    return per_resource, valid_until

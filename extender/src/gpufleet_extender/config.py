@@ -71,6 +71,8 @@ class Settings(BaseSettings):
     METRICS_REFRESH_SECONDS: float = Field(5.0, gt=0, le=3600)
     # 0 turns staleness off (a static METRICS_FILE stays valid for ever).
     METRICS_MAX_AGE_SECONDS: float = Field(30.0, ge=0)
+    # Samples dated further ahead than this (some clock is wrong) are not trusted: the node counts as without metrics.
+    METRICS_MAX_CLOCK_SKEW_SECONDS: float = Field(5.0, ge=0)
     ON_MISSING_METRICS: MissingMetricsPolicy = MissingMetricsPolicy.ALLOW
     # dcgm-exporter names the host label `Hostname` in released images and `hostname` in newer ones.
     NODE_NAME_LABELS: Annotated[tuple[str, ...], NoDecode] = ("Hostname", "hostname")

@@ -2,12 +2,16 @@
 
 All accounting lives in cluster.py; this file only moves JSON objects from the API into
 ``ClusterState.replace`` (after each list) and ``ClusterState.apply_event`` (for each watch event). One
-daemon thread per kind (bound pods, nodes, namespaces); a failed watch logs, waits and lists again.
+daemon thread per kind (bound pods, nodes, namespaces); a failed watch logs, waits and lists again, waiting
+longer after each failure until a watch is accepted. A list or watch the API refuses (401, 403: the
+extender lacks a permission) is logged as an error naming what is missing and kept in ``refused()`` until a
+watch of that kind is accepted; /readyz reports it and answers 503 meanwhile.
 The ``kubernetes`` package is the optional ``k8s`` extra: without it the extender runs without the API.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +27,12 @@ log = logging.getLogger(__name__)
 
 _WATCH_TIMEOUT_SECONDS = 60  # the server ends each watch after this; the loop re-checks stop() between
 _RETRY_SECONDS = (1, 2, 5, 10, 30)
+# What the API refusing a list or watch means, per HTTP status: a configuration problem, not a passing one.
+_REFUSED = {
+    401: "the API does not accept the extender's credentials (an expired or revoked ServiceAccount token?)",
+    403: "the extender needs get, list and watch on pods, nodes and namespaces (the gpu_extender role's ClusterRole)",
+}
+_FEATURE = {"Pod": "in-flight accounting", "Node": "tenant pools", "Namespace": "tenant pools"}
 
 
 def connect(mode: KubeApiMode) -> Any | None:
@@ -60,10 +70,24 @@ def _watch_stream(func: ListFunction, **kwargs: Any) -> Iterable[Mapping[str, An
     return watch.Watch().stream(func, **kwargs)
 
 
+def describe_error(exc: BaseException) -> tuple[int | None, str]:
+    """(HTTP status or None, one line) for an exception of the kubernetes client: the API's own message
+    (``pods is forbidden: User ... cannot watch resource "pods" ...``) instead of the response headers."""
+    status = getattr(exc, "status", None)
+    if not isinstance(status, int):
+        return None, " ".join(str(exc).split()) or type(exc).__name__
+    message = None
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        message = json.loads(getattr(exc, "body", None) or "null")["message"]
+    line = f"{status} {getattr(exc, 'reason', None) or ''}" + (f": {message}" if message else "")
+    return status, " ".join(line.split())
+
+
 class ClusterWatcher:
     """Lists then watches bound pods, nodes and namespaces into ``state``, one daemon thread per kind.
 
-    ``lists`` and ``stream`` default to the kubernetes client's; tests pass fakes.
+    ``lists`` and ``stream`` default to the kubernetes client's; tests pass fakes. ``on_error(kind, status)``
+    is called for each failed list or watch (status: the HTTP status as text, or ``error``).
     """
 
     def __init__(
@@ -72,6 +96,7 @@ class ClusterWatcher:
         state: ClusterState,
         lists: Mapping[str, ListFunction] | None = None,
         stream: StreamFunction = _watch_stream,
+        on_error: Callable[[str, str], None] = lambda kind, status: None,
     ):
         if lists is None:
             from kubernetes import client
@@ -86,6 +111,8 @@ class ClusterWatcher:
         self._lists = lists
         self._stream = stream
         self._state = state
+        self._on_error = on_error
+        self._refused: dict[str, str] = {}
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind.lower()}", daemon=True)
@@ -99,19 +126,37 @@ class ClusterWatcher:
     def stop(self) -> None:
         self._stop.set()
 
+    def refused(self) -> dict[str, str]:
+        """The kinds the API refuses to list or watch (a missing permission), with the API's message."""
+        return dict(self._refused)
+
     def _run(self, kind: str) -> None:
         failures = 0
+
+        def accepted() -> None:
+            # A watch the API accepted (or an event from it): the permissions are there, the trouble is over.
+            nonlocal failures
+            failures = 0
+            if self._refused.pop(kind, None) is not None:
+                log.info("the Kubernetes API accepts the extender's %s watch again (%s)", kind, _FEATURE.get(kind))
+
+        def watch(**kwargs: Any) -> Any:
+            response = self._lists[kind](**kwargs)  # raises on 401/403 before any event
+            accepted()
+            return response
+
         while not self._stop.is_set():
             try:
                 listed = json.loads(self._lists[kind](_preload_content=False).data)
                 self._state.replace(kind, listed.get("items") or [])
                 version = (listed.get("metadata") or {}).get("resourceVersion")
-                failures = 0
+                # failures is reset only once a watch is accepted: a list that works followed by a watch that
+                # is refused must not relist every second.
                 while not self._stop.is_set():
-                    events = self._stream(
-                        self._lists[kind], resource_version=version, timeout_seconds=_WATCH_TIMEOUT_SECONDS
-                    )
+                    events = self._stream(watch, resource_version=version, timeout_seconds=_WATCH_TIMEOUT_SECONDS)
                     for event in events:
+                        if failures or kind in self._refused:
+                            accepted()
                         raw = event.get("raw_object") or event.get("object") or {}
                         if event.get("type") == "ERROR":  # e.g. 410 Gone: list again
                             raise RuntimeError(raw.get("message", "watch error"))
@@ -122,5 +167,19 @@ class ClusterWatcher:
             except Exception as exc:  # any API trouble: keep serving, list again later
                 delay = _RETRY_SECONDS[min(failures, len(_RETRY_SECONDS) - 1)]
                 failures += 1
-                log.warning("watching %ss failed (%s); listing again in %ss", kind, exc, delay)
+                status, detail = describe_error(exc)
+                self._on_error(kind, str(status or "error"))
+                if status in _REFUSED:
+                    self._refused[kind] = detail
+                    log.error(
+                        "the Kubernetes API refuses the extender's %s watch (%s): %s cannot be trusted until it "
+                        "may; %s; /readyz answers 503 meanwhile; listing again in %ss",
+                        kind,
+                        detail,
+                        _FEATURE.get(kind, kind),
+                        _REFUSED[status],
+                        delay,
+                    )
+                else:
+                    log.warning("watching %ss failed (%s); listing again in %ss", kind, detail, delay)
                 self._stop.wait(delay)

@@ -5,9 +5,17 @@ in a new immutable ``MetricsSnapshot``; handlers read whichever snapshot is curr
 
 - ``FileSource``: a Prometheus text exposition file of dcgm-exporter series (the lab, the simulator and
   tests write one). Re-read only when its mtime or size changes; samples without a timestamp are dated by
-  the file's mtime.
+  the file's mtime. Files from WORKER_MIN_BYTES up are parsed in a worker process (parse_worker.py).
 - ``PrometheusSource``: two instant queries: the dcgm series themselves, and the newest sample time per
   node (``timestamp()``), since an instant query's own timestamp is the evaluation time, not the scrape's.
+  PROMETHEUS_TIMEOUT_SECONDS bounds the whole refresh (httpx's own timeout is per read: a Prometheus that
+  trickles a byte a second would never time out).
+
+Data a source delivers is screened before it is trusted (``screen_samples``, ``drop_future_nodes``): a node
+with a value out of its metric's range (utilisation below 0 or above 100 %, a negative framebuffer) or with
+samples dated further in the future than METRICS_MAX_CLOCK_SKEW_SECONDS is left out of the snapshot, so the
+missing-metrics policy decides for it; duplicate series and refreshes without any dcgm series are kept but
+reported. Each refresh's findings (``FetchReport``) go to ``/readyz`` and a counter per kind.
 """
 
 from __future__ import annotations
@@ -17,22 +25,33 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet_extender.parse_worker import ParseWorker
 from gpufleet_extender.snapshot import (
     DCGM_METRICS,
     EMPTY_SNAPSHOT,
+    FB_FREE,
+    FB_USED,
+    GPU_UTIL,
+    GR_ENGINE_ACTIVE,
     MetricsSnapshot,
     Sample,
     build_snapshot,
+    keep_unchanged,
     node_name_of,
+    snapshot_of,
 )
+
+WORKER_MIN_BYTES = 256 * 1024  # about 2,000 lines: smaller files parse in a thread in a few milliseconds
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +60,121 @@ class MetricsSourceError(RuntimeError):
     """The source could not be read; the previous snapshot stays and ages."""
 
 
+# Kinds of findings a refresh can report (the ``fault`` label of gpufleet_extender_metrics_faults_total).
+OUT_OF_RANGE = "out_of_range"
+FUTURE_TIMESTAMP = "future_timestamp"
+DUPLICATE_SERIES = "duplicate_series"
+NO_DCGM_SERIES = "no_dcgm_series"
+FAULT_KINDS = (OUT_OF_RANGE, FUTURE_TIMESTAMP, DUPLICATE_SERIES, NO_DCGM_SERIES)
+
+# The range each metric's values must lie in (percent, ratio, MiB); anything else is a broken exporter.
+_VALID_RANGE = {
+    GPU_UTIL: (0.0, 100.0),
+    GR_ENGINE_ACTIVE: (0.0, 1.0),
+    FB_USED: (0.0, math.inf),
+    FB_FREE: (0.0, math.inf),
+}
+DEFAULT_MAX_CLOCK_SKEW = 5.0
+
+
+@dataclass
+class FetchReport:
+    """What a refresh found wrong with the data it still delivered: counts per fault kind and lines for people."""
+
+    faults: Counter = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, kind: str, count: int, note: str) -> None:
+        self.faults[kind] += count
+        self.notes.append(note)
+
+
 class MetricsSource(Protocol):
     name: str
+    # Findings of the last fetch that returned a snapshot (None: nothing to report or not screened).
+    report: FetchReport | None
 
     async def fetch(self, version: int) -> MetricsSnapshot | None:
         """A new snapshot numbered ``version``, or None when nothing changed since the last fetch."""
+
+
+def _names(nodes: Iterable[str], limit: int = 5) -> str:
+    nodes = sorted(nodes)
+    shown = ", ".join(nodes[:limit])
+    return shown + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
+
+
+def screen_samples(samples: Iterable[Sample], node_labels: tuple[str, ...], report: FetchReport) -> list[Sample]:
+    """The samples worth folding into a snapshot; what is wrong goes to ``report``.
+
+    A value out of its metric's range (or not finite) makes the whole node's data untrustworthy: its samples are
+    dropped, so the node counts as having no metrics. A series seen twice keeps its last value, as before, but
+    is reported: two exporters on one node disagree and the extender cannot tell which is right.
+    """
+    samples = list(samples)
+    bad_nodes: set[str] = set()
+    bad_count = 0
+    seen: set[tuple] = set()
+    duplicates = 0
+    duplicate_nodes: set[str] = set()
+    for sample in samples:
+        node = node_name_of(sample.labels, node_labels)
+        if node is None:
+            continue
+        low, high = _VALID_RANGE.get(sample.name, (-math.inf, math.inf))
+        if not (low <= sample.value <= high):  # also NaN
+            bad_nodes.add(node)
+            bad_count += 1
+        key = (
+            sample.name,
+            node,
+            sample.labels.get("gpu") or sample.labels.get("UUID") or "",
+            sample.labels.get("GPU_I_ID", ""),
+        )
+        if key in seen:
+            duplicates += 1
+            duplicate_nodes.add(node)
+        seen.add(key)
+    if not seen:
+        report.add(NO_DCGM_SERIES, 1, "no dcgm-exporter series (" + ", ".join(DCGM_METRICS) + ") with a node label")
+    if duplicates:
+        report.add(
+            DUPLICATE_SERIES,
+            duplicates,
+            f"{duplicates} duplicate series (last value kept) on {_names(duplicate_nodes)}",
+        )
+    if bad_nodes:
+        report.add(
+            OUT_OF_RANGE,
+            bad_count,
+            f"{bad_count} values out of range on {_names(bad_nodes)}: those nodes count as without metrics",
+        )
+        samples = [s for s in samples if node_name_of(s.labels, node_labels) not in bad_nodes]
+    return samples
+
+
+def drop_future_nodes(snapshot: MetricsSnapshot, now: float, max_skew: float, report: FetchReport) -> MetricsSnapshot:
+    """Leave out nodes whose samples are dated beyond ``now + max_skew``.
+
+    A sample from the future would count as fresh until that time, whatever METRICS_MAX_AGE_SECONDS says:
+    some clock is wrong, and the node's data cannot be dated.
+    """
+    future = {name for name, node in snapshot.nodes.items() if node.sample_time > now + max_skew}
+    if not future:
+        return snapshot
+    ahead = max(snapshot.nodes[name].sample_time - now for name in future)
+    report.add(
+        FUTURE_TIMESTAMP,
+        len(future),
+        f"samples of {_names(future)} are dated up to {ahead:.0f}s in the future (clock skew allowed: "
+        f"{max_skew:g}s): those nodes count as without metrics",
+    )
+    nodes = {name: node for name, node in snapshot.nodes.items() if name not in future}
+    return replace(
+        snapshot,
+        nodes=MappingProxyType(nodes),
+        newest_sample=max((node.sample_time for node in nodes.values()), default=None),
+    )
 
 
 def parse_exposition(text: str) -> Iterator[Sample]:
@@ -58,37 +187,77 @@ def parse_exposition(text: str) -> Iterator[Sample]:
             yield Sample(sample.name, sample.labels, float(sample.value), sample.timestamp)
 
 
+def load_file(
+    path: str | os.PathLike[str],
+    node_labels: tuple[str, ...],
+    default_time: float,
+    taken_at: float,
+    version: int,
+) -> tuple[MetricsSnapshot, FetchReport]:
+    """Read, parse and screen a METRICS_FILE into a snapshot and what was wrong in it (raises MetricsSourceError).
+    Runs in this process (small files) or in the parse worker (large ones)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        samples = list(parse_exposition(text))
+    except OSError as exc:
+        raise MetricsSourceError(f"cannot read METRICS_FILE {path}: {exc.strerror}") from None
+    except ValueError as exc:  # the parser's way of saying the text is not an exposition (or not UTF-8)
+        raise MetricsSourceError(f"METRICS_FILE {path} is not Prometheus text format: {exc}") from None
+    report = FetchReport()
+    samples = screen_samples(samples, node_labels, report)
+    snapshot = build_snapshot(samples, node_labels, default_time=default_time, taken_at=taken_at, version=version)
+    return snapshot, report
+
+
 class FileSource:
     name = "file"
+    # A refresh stuck longer than this (a hung network filesystem) is reported as an error by the refresher.
+    # Generous: a million-line file takes the parse worker a minute or more on a small machine.
+    deadline = 300.0
 
-    def __init__(self, path: Path, node_labels: tuple[str, ...], clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        path: Path,
+        node_labels: tuple[str, ...],
+        clock: Callable[[], float] = time.time,
+        max_skew: float = DEFAULT_MAX_CLOCK_SKEW,
+    ):
         self.path = Path(path)
         self._node_labels = node_labels
         self._clock = clock
+        self._max_skew = max_skew
         self._seen: tuple[int, int] | None = None
+        self.report: FetchReport | None = None
+        self._worker = ParseWorker()
+        self._previous = EMPTY_SNAPSHOT
 
     async def fetch(self, version: int) -> MetricsSnapshot | None:
         try:
-            stat = os.stat(self.path)
+            stat = self.path.stat()
         except OSError as exc:
             raise MetricsSourceError(f"cannot stat METRICS_FILE {self.path}: {exc.strerror}") from None
         signature = (stat.st_mtime_ns, stat.st_size)
         if signature == self._seen:
             return None
-        # Parsing thousands of series takes a while: keep it off the event loop.
-        snapshot = await asyncio.to_thread(self._load, stat.st_mtime, version)
+        if stat.st_size >= WORKER_MIN_BYTES:
+            nodes, report = await self._worker.load(str(self.path), self._node_labels, stat.st_mtime)
+            snapshot = snapshot_of(nodes, taken_at=self._clock(), version=version)
+        else:  # small: a thread is quicker than a round trip to the worker
+            snapshot, report = await asyncio.to_thread(self._load, stat.st_mtime, version)
+        snapshot = drop_future_nodes(snapshot, self._clock(), self._max_skew, report)
         self._seen = signature
+        self._previous = snapshot
+        self.report = report
         return snapshot
 
-    def _load(self, mtime: float, version: int) -> MetricsSnapshot:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-            samples = list(parse_exposition(text))
-        except OSError as exc:
-            raise MetricsSourceError(f"cannot read METRICS_FILE {self.path}: {exc.strerror}") from None
-        except ValueError as exc:  # the parser's way of saying the text is not an exposition
-            raise MetricsSourceError(f"METRICS_FILE {self.path} is not Prometheus text format: {exc}") from None
-        return build_snapshot(samples, self._node_labels, default_time=mtime, taken_at=self._clock(), version=version)
+    def _load(self, mtime: float, version: int) -> tuple[MetricsSnapshot, FetchReport]:
+        loaded, report = load_file(
+            self.path, self._node_labels, default_time=mtime, taken_at=self._clock(), version=version
+        )
+        return snapshot_of(keep_unchanged(loaded.nodes, self._previous), loaded.taken_at, version), report
+
+    async def aclose(self) -> None:
+        self._worker.close()
 
 
 class PrometheusSource:
@@ -101,10 +270,16 @@ class PrometheusSource:
         timeout: float,
         clock: Callable[[], float] = time.time,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_skew: float = DEFAULT_MAX_CLOCK_SKEW,
     ):
         self._client = httpx.AsyncClient(base_url=url, timeout=timeout, transport=transport)
+        self._timeout = timeout
+        # The refresher's safety net sits above the source's own whole-request deadline.
+        self.deadline = timeout + 1.0
         self._node_labels = node_labels
         self._clock = clock
+        self._max_skew = max_skew
+        self.report: FetchReport | None = None
         selector = '{__name__=~"' + "|".join(DCGM_METRICS) + '"}'
         self._series_query = selector
         # timestamp() drops the metric name, so one timestamp() over all four metrics would produce duplicate
@@ -133,10 +308,19 @@ class PrometheusSource:
 
     async def fetch(self, version: int) -> MetricsSnapshot:
         queried_at = self._clock()
-        series, times = await asyncio.gather(self._query(self._series_query), self._query(self._times_query))
-        return await asyncio.to_thread(self._build, series, times, queried_at, version)
+        try:
+            async with asyncio.timeout(self._timeout):
+                series, times = await asyncio.gather(self._query(self._series_query), self._query(self._times_query))
+        except TimeoutError:
+            raise MetricsSourceError(
+                f"Prometheus did not answer both queries within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)"
+            ) from None
+        snapshot, self.report = await asyncio.to_thread(self._build, series, times, queried_at, version)
+        return snapshot
 
-    def _build(self, series: list[dict], times: list[dict], queried_at: float, version: int) -> MetricsSnapshot:
+    def _build(
+        self, series: list[dict], times: list[dict], queried_at: float, version: int
+    ) -> tuple[MetricsSnapshot, FetchReport]:
         samples = []
         for item in series:
             labels = item.get("metric") or {}
@@ -154,14 +338,18 @@ class PrometheusSource:
                 continue
             if node and math.isfinite(stamp):
                 node_times[node] = max(node_times.get(node, stamp), stamp)
-        return build_snapshot(
+        report = FetchReport()
+        samples = screen_samples(samples, self._node_labels, report)
+        now = self._clock()
+        snapshot = build_snapshot(
             samples,
             self._node_labels,
             default_time=queried_at,
-            taken_at=self._clock(),
+            taken_at=now,
             version=version,
             node_sample_times=node_times,
         )
+        return drop_future_nodes(snapshot, now, self._max_skew, report), report
 
 
 class SnapshotRefresher:
@@ -174,19 +362,36 @@ class SnapshotRefresher:
         on_error: Callable[[str], None] = lambda source: None,
         on_update: Callable[[MetricsSnapshot], None] = lambda snapshot: None,
         clock: Callable[[], float] = time.time,
+        on_fault: Callable[[str, str, int], None] = lambda source, fault, count: None,
+        deadline: float | None = None,
     ):
         self.source = source
         self.snapshot: MetricsSnapshot = EMPTY_SNAPSHOT
         self.last_error: str | None = None
+        self.warnings: list[str] = []  # what the last delivered snapshot's refresh found wrong (for /readyz)
+        self.first_attempt = asyncio.Event()  # set once the source answered or failed for the first time
         self._refresh_seconds = refresh_seconds
         self._on_error = on_error
         self._on_update = on_update
+        self._on_fault = on_fault
         self._clock = clock
+        # No refresh may hang the loop silently (nor the app's start-up, which awaits the first one).
+        self._deadline = deadline if deadline is not None else getattr(source, "deadline", None)
 
     async def refresh_once(self) -> bool:
         """One poll; True when the source answered. Errors are logged and counted, never raised."""
         try:
-            fresh = await self.source.fetch(self.snapshot.version + 1)
+            return await self._refresh()
+        finally:
+            self.first_attempt.set()
+
+    async def _refresh(self) -> bool:
+        try:
+            async with asyncio.timeout(self._deadline):
+                fresh = await self.source.fetch(self.snapshot.version + 1)
+        except TimeoutError:
+            self._fail(f"refresh from {self.source.name} stuck for more than {self._deadline:g}s; abandoned")
+            return False
         except MetricsSourceError as exc:
             self._fail(str(exc))
             return False
@@ -198,11 +403,20 @@ class SnapshotRefresher:
             self.snapshot = replace(self.snapshot, taken_at=self._clock())
         else:
             self.snapshot = fresh
+            self._take_report(getattr(self.source, "report", None))
         if self.last_error is not None:
             log.info("metrics source %s answers again", self.source.name)
         self.last_error = None
         self._on_update(self.snapshot)
         return True
+
+    def _take_report(self, report: FetchReport | None) -> None:
+        notes = report.notes if report is not None else []
+        if notes and notes != self.warnings:
+            log.warning("metrics source %s: %s", self.source.name, "; ".join(notes))
+        self.warnings = list(notes)
+        for kind, count in report.faults.items() if report is not None else ():
+            self._on_fault(self.source.name, kind, count)
 
     def _fail(self, message: str) -> None:
         if message != self.last_error:

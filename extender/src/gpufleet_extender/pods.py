@@ -8,6 +8,7 @@ after the other), and a limit stands in for a missing request.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -32,6 +33,11 @@ class ResourceRequest:
 # Empty when the pod asks for no GPU; otherwise sorted by resource name (a stable cache key).
 GpuRequest = tuple[ResourceRequest, ...]
 
+# Quantities are int64 in Kubernetes. ASCII digits only: str.isdigit() also takes "²" or "٣", which int()
+# refuses or reads as another number; and at most 18 of them, so int() never meets its 4,300-digit limit.
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")
+_MAX_QUANTITY = 2**63 - 1
+
 
 def _quantity(resource: str, value: str | int | float) -> int:
     # Extended resources only take whole numbers ("2", 2); kube-apiserver rejects "500m" or "1Gi".
@@ -41,13 +47,21 @@ def _quantity(resource: str, value: str | int | float) -> int:
         number = value
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
-    elif isinstance(value, str) and value.strip().isdigit():
+    elif isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value.strip()):
         number = int(value.strip())
     else:
-        raise WireError(f"resource {resource}: quantity must be a whole number, got {value!r}")
+        raise WireError(f"resource {resource}: quantity must be a whole number, got {_shorten(value)}")
     if number < 0:
         raise WireError(f"resource {resource}: quantity must not be negative, got {value!r}")
+    if number > _MAX_QUANTITY:
+        raise WireError(f"resource {resource}: quantity is larger than Kubernetes allows, got {_shorten(value)}")
     return number
+
+
+def _shorten(value: object) -> str:
+    # The value goes back in the 4xx answer: a 4 MB digit string must not.
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def _container_gpus(container: Container) -> dict[str, int]:

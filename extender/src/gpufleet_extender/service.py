@@ -1,20 +1,23 @@
 """The extender's request handling, bytes in, bytes out, without HTTP: routers and benchmarks call it.
 
 Per request: decode (wire.py), work out the pod's GPU request (pods.py), look each candidate node up in a
-decision table, encode. The decision table caches ``scoring.evaluate_node`` per node for one combination of
-(metrics snapshot, cluster state, pod request, pod tenant); it is rebuilt when any of them changes or when
-time alone would change a verdict (a sample going stale, an assumed pod expiring). This keeps thousands of
-nodes well under a millisecond of Python per request while every verdict is still the pure function's.
+decision table, encode. A decision table caches ``scoring.evaluate_node`` per node for one pod shape
+(request, tenant); its entries are computed the first time a node is asked about. What changes a verdict
+drops only the entries of the nodes it touched, in every table: a new sample of a node, a pod bound to or
+gone from it, its tenant label, one of its assumed pods expiring, its sample going stale. So a request costs
+O(candidates) however the cluster churns, and every verdict is still the pure function's for the inputs of
+that moment. Tables are kept per pod shape in least-recently-used order.
 """
 
 from __future__ import annotations
 
+import asyncio
+import heapq
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from itertools import compress, repeat
+from collections.abc import Callable, Collection, Iterable
+from itertools import compress
 from operator import not_
 
 from gpufleet_extender.cluster import ClusterState
@@ -33,54 +36,76 @@ from gpufleet_extender.scoring import (
     outcome_passes,
     tenant_mismatch,
 )
-from gpufleet_extender.snapshot import EMPTY_SNAPSHOT, MetricsSnapshot
+from gpufleet_extender.snapshot import EMPTY_SNAPSHOT, MetricsSnapshot, NodeMetrics
 from gpufleet_extender.telemetry import Telemetry
 from gpufleet_extender.wire import HostPriority, SchedulingRequest, decode_args, encode, encode_filter_result
 
-_MAX_TABLES = 64  # distinct (request, tenant) combinations kept per view; a fleet has a handful of shapes
+MAX_SHAPES = 128  # decision tables kept, least recently used dropped first
+WARM_SHAPES = 8  # tables filled in the background after a new snapshot; others fill on demand
+_WARM_CHUNK = 256  # nodes evaluated between two yields to the event loop while warming
 _NO_TENANT = object()
 
 
 class _ByName(dict):
     """name -> value, computing (and keeping) the value of a name seen for the first time."""
 
-    def __init__(self, compute: Callable[[str], object], limit: int):
+    def __init__(self, compute: Callable[[str], object], limit: Callable[[], int]):
         super().__init__()
         self._compute = compute
         self._limit = limit  # junk names in bad requests must not grow the table without end
 
     def __missing__(self, name: str) -> object:
         value = self._compute(name)
-        if len(self) < self._limit:
+        if len(self) < self._limit():
             self[name] = value
         return value
 
 
 class DecisionTable:
-    """The verdict of every node for one pod shape, laid out for the verbs' one-pass loops.
+    """The verdicts of one pod shape, node by node, laid out for the verbs' one-pass loops.
 
-    ``codes`` maps each node of the snapshot to PASSED or FAILED; a node absent from the snapshot gets
-    ``absent_code`` (ABSENT_PASSED or FAILED, per ON_MISSING_METRICS). The codes are truthy exactly when
-    the node passes, so the filter splits the candidates with C-level map/compress/count.
+    ``codes`` maps a node to FAILED, PASSED, or MISSING_PASSED (passed without usable metrics, as
+    ON_MISSING_METRICS=allow lets it): truthy exactly when the node passes, so the filter splits the
+    candidates with C-level map/compress/count. Every mapping fills itself on first access.
     """
 
-    FAILED, PASSED, ABSENT_PASSED = 0, 1, 2
+    FAILED, PASSED, MISSING_PASSED = 0, 1, 2
 
-    def __init__(self, verdicts: dict[str, NodeVerdict], verdict_of: Callable[[str], NodeVerdict]):
-        self.verdict_of = verdict_of
-        # Fresh copies of the names, allocated together: lookups then stay in a few cache lines.
-        self.codes = {name.encode().decode(): self.PASSED if v.passed else self.FAILED for name, v in verdicts.items()}
-        self.absent_verdict = verdict_of("")  # the policy's verdict for a node without metrics
-        self.absent_code = self.ABSENT_PASSED if self.absent_verdict.passed else self.FAILED
-        self.priority_json = _ByName(self._priority_json, limit=2 * len(verdicts) + 1024)
-        self._verdicts = verdicts
+    def __init__(self, verdict_of: Callable[[str], NodeVerdict], limit: Callable[[], int]):
+        self.verdicts = _ByName(verdict_of, limit)
+        self.codes = _ByName(self._code, limit)
+        self.priority_json = _ByName(self._priority_json, limit)
+        self.epoch = 0  # steps whenever entries are dropped: answers remembered before are void
 
     def verdict(self, name: str) -> NodeVerdict:
-        found = self._verdicts.get(name)
-        return found if found is not None else self.verdict_of(name)
+        return self.verdicts[name]
+
+    def _code(self, name: str) -> int:
+        verdict = self.verdicts[name]
+        if verdict.outcome is Outcome.PASS:
+            return self.PASSED
+        return self.MISSING_PASSED if verdict.passed else self.FAILED
 
     def _priority_json(self, name: str) -> bytes:
         return encode(HostPriority(name, self.verdict(name).score))
+
+    def forget(self, names: Collection[str] | None) -> None:
+        """Drop the entries of ``names`` (None: all), to be computed again when next asked about."""
+        held = len(self.verdicts)
+        if names is None or len(names) * 4 > held:  # most of the table: starting over is cheaper
+            if held or self.codes or self.priority_json:
+                self.verdicts.clear()
+                self.codes.clear()
+                self.priority_json.clear()
+                self.epoch += 1
+            return
+        dropped = False
+        for mapping in (self.verdicts, self.codes, self.priority_json):
+            for name in names:
+                if mapping.pop(name, None) is not None:
+                    dropped = True
+        if dropped:
+            self.epoch += 1
 
 
 class _AnswerMemo:
@@ -88,37 +113,25 @@ class _AnswerMemo:
 
     kube-scheduler sends pods of one workload in a row with the same candidate list; answering those from
     the list's bytes skips decoding and looking up thousands of names. Entries belong to one DecisionTable
-    and are ignored once the table is replaced.
+    in one epoch and are ignored once any of its entries was dropped.
     """
 
     def __init__(self, size: int = 16):
         self._size = size
-        self._entries: OrderedDict[tuple[str, int, bytes], tuple[DecisionTable, bytes, dict[Outcome, int]]] = (
+        self._entries: OrderedDict[tuple[str, int, bytes], tuple[DecisionTable, int, bytes, dict[Outcome, int]]] = (
             OrderedDict()
         )
 
     def get(self, verb: str, table: DecisionTable, names_json: bytes) -> tuple[bytes, dict[Outcome, int]] | None:
         entry = self._entries.get((verb, id(table), names_json))
-        if entry is None or entry[0] is not table:
+        if entry is None or entry[0] is not table or entry[1] != table.epoch:
             return None
-        return entry[1], entry[2]
+        return entry[2], entry[3]
 
     def put(self, verb: str, table: DecisionTable, names_json: bytes, answer: bytes, outcomes: dict) -> None:
-        self._entries[(verb, id(table), names_json)] = (table, answer, outcomes)
+        self._entries[(verb, id(table), names_json)] = (table, table.epoch, answer, outcomes)
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
-
-
-@dataclass(slots=True)
-class _View:
-    """Everything a verdict depends on besides the node name, and how long it stays true."""
-
-    snapshot: MetricsSnapshot
-    cluster_version: int
-    assumed: dict[str, dict[str, int]]
-    valid_until: float
-    modes: ModeMap | None = None  # SCORING_STRATEGY=auto: the mode per resource for this snapshot
-    tables: dict[tuple, DecisionTable] = field(default_factory=dict)
 
 
 class Extender:
@@ -126,6 +139,7 @@ class Extender:
 
     ``snapshot_provider`` returns the refresher's current snapshot; ``cluster`` is None without a Kubernetes
     API. ``filter``/``prioritize`` take the raw body and return the raw answer, raising WireError for bad input.
+    Not thread-safe: call it from one thread (the event loop); ``cluster`` may be fed from others.
     """
 
     def __init__(
@@ -136,93 +150,148 @@ class Extender:
         snapshot_provider: Callable[[], MetricsSnapshot] = lambda: EMPTY_SNAPSHOT,
         clock: Callable[[], float] = time.time,
         source_error: Callable[[], str | None] = lambda: None,
+        source_warnings: Callable[[], list[str]] = list,
+        loading: Callable[[], bool] = lambda: False,
     ):
         self.settings = settings
         self.source_error = source_error  # the metrics source's last error, for /readyz
+        self.source_warnings = source_warnings  # what the last refresh found wrong in the data, for /readyz
+        self.loading = loading  # True until the metrics source answered (or failed) for the first time
         self.policy = Policy.from_settings(settings)
         self.telemetry = telemetry or Telemetry()
         self.cluster = cluster  # None: no Kubernetes API (no in-flight accounting, tenants only from Nodes)
         self._snapshot = snapshot_provider
         self._clock = clock
-        self._view: _View | None = None
-        self._recent_keys: dict[tuple, None] = {}  # pod shapes seen lately, warmed on each new snapshot
         self._memo = _AnswerMemo()
         self.telemetry.scoring_strategy.labels(self.policy.strategy.value).set(1)
+        self.telemetry.assumed_pods.set_function(self.assumed_pods)
         # SCORING_STRATEGY=auto's state (pack or spread per resource), moved on by each new snapshot.
         self.mode_selector = ModeSelector.from_policy(self.policy) if self.policy.strategy == Strategy.AUTO else None
-        self._modes_version: int | None = None
         self._modes: ModeMap | None = None
+        # What the tables' entries were computed from; _sync brings them up to date before each use.
+        self._tables: OrderedDict[tuple, DecisionTable] = OrderedDict()
+        self._seen_snapshot: MetricsSnapshot = EMPTY_SNAPSHOT
+        self._seen_cluster = -1
+        self._now = 0.0  # the moment of the request being answered
+        # Per node: (metrics, assumed load), shared by every table; and when a node's entries expire by time.
+        self._inputs: dict[str, tuple[NodeMetrics | None, dict[str, int] | None]] = {}
+        self._deadlines: list[tuple[float, str]] = []  # heap of (moment, node)
 
-    # --- the decision tables ------------------------------------------------------------------------------
+    # --- keeping the tables true ---------------------------------------------------------------------------
 
-    def _current_view(self, now: float) -> _View:
+    def _sync(self, now: float) -> None:
+        """Drop the entries that a new snapshot, the cluster's changes or time alone made untrue."""
+        self._now = now
+        touched: set[str] | None = set()
         snapshot = self._snapshot()
-        cluster_version = self.cluster.version if self.cluster else 0
-        view = self._view
-        if (
-            view is not None
-            and view.snapshot.version == snapshot.version
-            and view.cluster_version == cluster_version
-            and now < view.valid_until
-        ):
-            return view
-        assumed, valid_until = self.cluster.assumed_load(snapshot, now) if self.cluster else ({}, math.inf)
-        if self.policy.max_age_seconds > 0 and snapshot.nodes:
-            # The first moment a fresh node's samples go stale (stale ones stay stale until a new snapshot).
-            limits = [m.sample_time + self.policy.max_age_seconds for m in snapshot.nodes.values()]
-            fresh_limits = [limit for limit in limits if limit >= now]
-            if fresh_limits:
-                valid_until = min(valid_until, min(fresh_limits))
-        self.telemetry.assumed_pods.set(sum(sum(r.values()) for r in assumed.values()))
-        self._view = _View(snapshot, cluster_version, assumed, valid_until, self._modes_for(snapshot, now))
-        return self._view
+        seen = self._seen_snapshot
+        if snapshot.version != seen.version:
+            self._seen_snapshot = snapshot
+            if self._set_modes(snapshot, now):
+                touched = None
+            else:  # sources keep the NodeMetrics of unchanged nodes, so identity tells what changed
+                old, new = seen.nodes, snapshot.nodes
+                touched.update(name for name, metrics in new.items() if old.get(name) is not metrics)
+                touched.update(name for name in old if name not in new)
+        elif snapshot is not seen:
+            self._seen_snapshot = snapshot  # the same data, polled again
+        if self.cluster is not None and self.cluster.version != self._seen_cluster:
+            self._seen_cluster, changed = self.cluster.changed_nodes_since(self._seen_cluster)
+            touched = None if touched is None or changed is None else touched | changed
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now and touched is not None:
+            touched.add(heapq.heappop(deadlines)[1])
+        if touched is None:
+            self._inputs.clear()
+            deadlines.clear()
+        elif touched:
+            for name in touched:
+                self._inputs.pop(name, None)
+        else:
+            return
+        for table in self._tables.values():
+            table.forget(touched)
 
-    def _modes_for(self, snapshot: MetricsSnapshot, now: float) -> ModeMap | None:
-        """Auto's modes for ``snapshot``: the selector moves once per new snapshot, never per request."""
+    def _set_modes(self, snapshot: MetricsSnapshot, now: float) -> bool:
+        """Move auto's modes on with a new snapshot (never per request); True when they changed."""
         selector = self.mode_selector
         if selector is None:
-            return None
-        if snapshot.version != self._modes_version:
-            changed = selector.update(fleet_mean_load(snapshot, self.policy, now))
-            self._modes_version, self._modes = snapshot.version, dict(selector.modes)
-            self.telemetry.show_modes(selector.modes, selector.fleet_load, changed)
-        return self._modes
+            return False
+        changed = selector.update(fleet_mean_load(snapshot, self.policy, now))
+        self.telemetry.show_modes(selector.modes, selector.fleet_load, changed)
+        modes = dict(selector.modes)
+        if modes == self._modes:
+            return False
+        self._modes = modes
+        return True
 
-    def _table(self, view: _View, request: GpuRequest, namespace_tenant: object, namespace: str) -> DecisionTable:
+    def _node_inputs(self, name: str) -> tuple[NodeMetrics | None, dict[str, int] | None]:
+        """A node's metrics and assumed load, noting when time alone will change its verdicts."""
+        inputs = self._inputs.get(name)
+        if inputs is not None:
+            return inputs
+        now = self._now
+        metrics = self._seen_snapshot.nodes.get(name)
+        assumed, expires = self.cluster.assumed_on(name, metrics, now) if self.cluster else (None, math.inf)
+        max_age = self.policy.max_age_seconds
+        if metrics is not None and max_age > 0 and now - metrics.sample_time <= max_age:
+            # Possibly stale from this moment on (evaluated again then; the age is compared with >).
+            expires = min(expires, metrics.sample_time + max_age)
+        if expires != math.inf:
+            heapq.heappush(self._deadlines, (expires, name))
+        if len(self._inputs) < self._entry_limit():
+            self._inputs[name] = inputs = (metrics, assumed)
+        return metrics, assumed
+
+    def _entry_limit(self) -> int:
+        return 2 * len(self._seen_snapshot.nodes) + 1024
+
+    def _table(self, request: GpuRequest, namespace_tenant: object, namespace: str) -> DecisionTable:
         key = (request, namespace_tenant, namespace if namespace_tenant is not _NO_TENANT else "")
-        table = view.tables.get(key)
+        table = self._tables.get(key)
         if table is not None:
+            self._tables.move_to_end(key)
             return table
-        now = self._clock()
-        nodes, policy, assumed = view.snapshot.nodes, self.policy, view.assumed
+        policy, cluster = self.policy, self.cluster
 
         def verdict_of(name: str) -> NodeVerdict:
             if namespace_tenant is not _NO_TENANT:
-                reason = tenant_mismatch(name, self.cluster.node_tenant(name), namespace, namespace_tenant)
+                reason = tenant_mismatch(name, cluster.node_tenant(name), namespace, namespace_tenant)
                 if reason:
                     return NodeVerdict(False, 0, Outcome.TENANT_MISMATCH, reason)
-            return evaluate_node(name, nodes.get(name), request, policy, now, assumed.get(name), view.modes)
+            metrics, assumed = self._node_inputs(name)
+            return evaluate_node(name, metrics, request, policy, self._now, assumed, self._modes)
 
-        names = list(nodes)
-        if namespace_tenant is not _NO_TENANT:
-            # A pool node without metrics must still be refused to other tenants.
-            names += [name for name in self.cluster.tenant_nodes() if name not in nodes]
-        table = DecisionTable({name: verdict_of(name) for name in names}, verdict_of)
-        if len(view.tables) >= _MAX_TABLES:
-            view.tables.clear()
-        view.tables[key] = table
-        self._recent_keys[key] = None
-        while len(self._recent_keys) > _MAX_TABLES:
-            del self._recent_keys[next(iter(self._recent_keys))]
+        table = self._tables[key] = DecisionTable(verdict_of, self._entry_limit)
+        if len(self._tables) > MAX_SHAPES:
+            self._tables.popitem(last=False)
         return table
 
-    def warm(self) -> None:
-        """Build the tables of recently seen pod shapes for the current snapshot (run off the request path)."""
-        view = self._current_view(self._clock())
-        for request, namespace_tenant, namespace in list(self._recent_keys):
-            table = self._table(view, request, namespace_tenant, namespace)
-            for name in list(table.codes):  # prioritize's per-node JSON too
-                table.priority_json[name]  # filled on first access
+    async def warm(self) -> None:
+        """Fill the tables of the most recent pod shapes for the current snapshot, yielding as it goes.
+
+        Run as a task on the event loop right after a new snapshot: requests keep being answered between
+        chunks, and those arriving later find their nodes evaluated.
+        """
+        self._sync(self._clock())
+        version = self._seen_snapshot.version
+        names = list(self._seen_snapshot.nodes)
+        for table in list(self._tables.values())[-WARM_SHAPES:]:
+            for start in range(0, len(names), _WARM_CHUNK):
+                await asyncio.sleep(0)
+                self._sync(self._clock())
+                if self._seen_snapshot.version != version:
+                    return  # a newer snapshot came in: its own warm-up takes over
+                for name in names[start : start + _WARM_CHUNK]:
+                    table.codes[name]  # computed on first access
+                    table.priority_json[name]
+
+    def assumed_pods(self) -> float:
+        """In-flight pods counted as load now (the inflight_assumed_pods gauge, computed when scraped)."""
+        if self.cluster is None:
+            return 0.0
+        assumed, _ = self.cluster.assumed_load(self._snapshot(), self._clock())
+        return float(sum(sum(per_resource.values()) for per_resource in assumed.values()))
 
     def _namespace_tenant(self, request: SchedulingRequest) -> object:
         """The pod namespace's tenant when tenant pools apply to NodeNames requests, else _NO_TENANT."""
@@ -235,10 +304,8 @@ class Extender:
         gpu_request = pod_gpu_request(request.pod)
         if not gpu_request:
             return gpu_request, None
-        view = self._current_view(self._clock())
-        return gpu_request, self._table(
-            view, gpu_request, self._namespace_tenant(request), request.pod.metadata.namespace
-        )
+        self._sync(self._clock())
+        return gpu_request, self._table(gpu_request, self._namespace_tenant(request), request.pod.metadata.namespace)
 
     def _full_form_tenant_failures(self, request: SchedulingRequest, passed: Iterable[int]) -> dict[int, str]:
         """Tenant check for the Nodes form, where node labels travel with the request."""
@@ -286,10 +353,10 @@ class Extender:
         if table is None:
             outcomes[Outcome.NO_GPU_REQUEST] = len(names)
         else:
-            codes = list(map(table.codes.get, names, repeat(table.absent_code)))
-            absent_passed = codes.count(DecisionTable.ABSENT_PASSED)
-            if absent_passed:
-                outcomes[table.absent_verdict.outcome] = absent_passed
+            codes = list(map(table.codes.__getitem__, names))
+            missing_passed = codes.count(DecisionTable.MISSING_PASSED)
+            if missing_passed:
+                outcomes[Outcome.MISSING_ALLOWED] = missing_passed
             if codes.count(DecisionTable.FAILED):
                 passed = list(compress(range(len(names)), codes))
                 for name in compress(names, map(not_, codes)):
@@ -305,6 +372,10 @@ class Extender:
                     passed = [i for i in candidates if i not in tenant_failures]
                     outcomes[Outcome.TENANT_MISMATCH] = outcomes.get(Outcome.TENANT_MISMATCH, 0) + len(tenant_failures)
                     unresolvable.update((names[i], reason) for i, reason in tenant_failures.items())
+                    # A node let through without metrics and then refused its pool counts once, as a mismatch.
+                    refused_missing = sum(codes[i] == DecisionTable.MISSING_PASSED for i in tenant_failures)
+                    if refused_missing:
+                        outcomes[Outcome.MISSING_ALLOWED] -= refused_missing
         # Nodes that passed because they asked for no GPU or lacked metrics are counted under their outcome.
         passed_count = len(names) if passed is None else len(passed)
         outcomes[Outcome.PASS] = passed_count - sum(
@@ -334,7 +405,10 @@ class Extender:
         return self._snapshot().age(self._clock())
 
     def ready(self) -> bool:
-        """Ready while the newest sample is fresh, or whenever the policy lets nodes without metrics through."""
+        """Ready once the first snapshot is in, while its newest sample is fresh or the policy lets nodes without
+        metrics through."""
+        if self.loading():
+            return False
         if not self.policy.deny_missing:
             return True
         age = self.metrics_age()

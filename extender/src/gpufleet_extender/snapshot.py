@@ -79,6 +79,41 @@ def _clamp01(value: float) -> float:
     return min(1.0, max(0.0, value))
 
 
+# A NodeMetrics as plain tuples: (name, sample_time, ((resource, ((key, util, mem), ...)), ...)). Rows pickle
+# and compare at C speed, so a snapshot built in a worker process crosses over in small, cheap pieces.
+NodeRow = tuple[str, float, tuple[tuple[str, tuple[tuple[str, float, float | None], ...]], ...]]
+
+
+def node_row(metrics: NodeMetrics) -> NodeRow:
+    devices = tuple((res, tuple((d.key, d.util, d.mem) for d in devs)) for res, devs in metrics.devices.items())
+    return metrics.name, metrics.sample_time, devices
+
+
+def node_from_row(row: NodeRow) -> NodeMetrics:
+    name, sample_time, devices = row
+    return NodeMetrics(
+        name, sample_time, MappingProxyType({res: tuple(DeviceMetrics(*d) for d in devs) for res, devs in devices})
+    )
+
+
+def snapshot_of(nodes: Mapping[str, NodeMetrics], taken_at: float, version: int) -> MetricsSnapshot:
+    return MetricsSnapshot(
+        nodes=MappingProxyType(dict(nodes)),
+        taken_at=taken_at,
+        version=version,
+        newest_sample=max((m.sample_time for m in nodes.values()), default=None),
+    )
+
+
+def keep_unchanged(nodes: Mapping[str, NodeMetrics], previous: MetricsSnapshot) -> dict[str, NodeMetrics]:
+    """``nodes`` with the previous snapshot's object for every node whose metrics are equal.
+
+    The decision tables tell changed nodes by identity: a node that kept its object keeps its verdicts.
+    """
+    old = previous.nodes
+    return {name: kept if (kept := old.get(name)) == metrics else metrics for name, metrics in nodes.items()}
+
+
 def node_name_of(labels: Mapping[str, str], node_labels: Iterable[str]) -> str | None:
     for label in node_labels:
         name = labels.get(label)
@@ -155,9 +190,4 @@ def build_snapshot(
         )
         for node, by_res in per_node.items()
     }
-    return MetricsSnapshot(
-        nodes=MappingProxyType(nodes),
-        taken_at=taken_at,
-        version=version,
-        newest_sample=max((m.sample_time for m in nodes.values()), default=None),
-    )
+    return snapshot_of(nodes, taken_at, version)

@@ -20,9 +20,10 @@ class Telemetry:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._request_children: dict[str, Histogram] = {}
         self.bad_requests = Counter(
             "gpufleet_extender_bad_requests_total",
-            "Requests refused with a 4xx answer, per verb and HTTP status.",
+            "Verb requests answered with anything but 200 (4xx refusals, 500 bugs), per verb and HTTP status.",
             ["verb", "status"],
             registry=self.registry,
         )
@@ -43,6 +44,13 @@ class Telemetry:
             ["source"],
             registry=self.registry,
         )
+        self.metrics_faults = Counter(
+            "gpufleet_extender_metrics_faults_total",
+            "Faults in data a refresh delivered, per source and kind (out_of_range, future_timestamp: series "
+            "left out; duplicate_series, no_dcgm_series: reported only).",
+            ["source", "fault"],
+            registry=self.registry,
+        )
         self.nodes_with_metrics = Gauge(
             "gpufleet_extender_nodes_with_metrics",
             "Nodes present in the current metrics snapshot.",
@@ -55,7 +63,13 @@ class Telemetry:
         )
         self.metrics_ready = Gauge(
             "gpufleet_extender_ready",
-            "1 while /readyz answers 200 (fresh metrics, or ON_MISSING_METRICS=allow).",
+            "1 while /readyz answers 200 (fresh metrics or ON_MISSING_METRICS=allow, and no watch refused).",
+            registry=self.registry,
+        )
+        self.kube_api_errors = Counter(
+            "gpufleet_extender_kube_api_errors_total",
+            "Failed lists and watches of the Kubernetes API, per kind and HTTP status (error: no HTTP answer).",
+            ["kind", "status"],
             registry=self.registry,
         )
 
@@ -93,6 +107,13 @@ class Telemetry:
             self.fleet_mean_load.labels(resource).set(load)
         for resource in changed:
             self.scoring_mode_switches.labels(resource, modes[resource]).inc()
+
+    def observe_request(self, verb: str, seconds: float) -> None:
+        """The request_seconds histogram of ``verb`` (children cached: ``labels()`` takes a lock per call)."""
+        child = self._request_children.get(verb)
+        if child is None:
+            child = self._request_children[verb] = self.request_seconds.labels(verb)
+        child.observe(seconds)
 
     def bind_live_values(self, metrics_age: Callable[[], float], ready: Callable[[], bool]) -> None:
         """Gauges computed when scraped, so they are right even while nothing else happens."""

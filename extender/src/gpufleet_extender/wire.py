@@ -150,12 +150,7 @@ def decode_args(body: bytes) -> SchedulingRequest:
     """Decode and validate an ExtenderArgs body; raise WireError (400 bad JSON, 422 bad shape)."""
     if not body:
         raise WireError("empty request body: expected kube-scheduler ExtenderArgs JSON", 400)
-    try:
-        args = _args_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise WireError(f"request is not ExtenderArgs: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise WireError(f"malformed JSON: {exc}", 400) from None
+    args = _decode(_args_decoder, body, "request is not ExtenderArgs: ", "")
     if args.Pod is None:
         raise WireError("ExtenderArgs.Pod is null: the pod being scheduled is required")
     has_nodes, has_names = bytes(args.Nodes) != b"null", bytes(args.NodeNames) != b"null"
@@ -168,15 +163,15 @@ def decode_args(body: bytes) -> SchedulingRequest:
         if not bytes(args.NodeNames).startswith(b"["):
             raise WireError("ExtenderArgs.NodeNames must be a list of node names")
         return SchedulingRequest(args.Pod, CandidateNodes(names_json=bytes(args.NodeNames)))
+    # Node objects go back byte for byte in the answer, including fields msgspec skipped without reading:
+    # an answer must not carry invalid UTF-8 that came in.
+    _require_utf8(args.Nodes, "Nodes")
     nodes = _decode_part(_node_list_decoder, args.Nodes, "Nodes")
     raw_items = nodes.items or []
     names: list[str] = []
     labels: list[dict[str, str] | None] = []
     for index, raw in enumerate(raw_items):
-        try:
-            node = _node_decoder.decode(raw)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise WireError(f"Nodes.items[{index}] is not a Node: {exc}") from None
+        node = _decode(_node_decoder, raw, f"Nodes.items[{index}] is not a Node: ", f"Nodes.items[{index}]: ")
         if not node.metadata.name:
             raise WireError(f"Nodes.items[{index}] has no metadata.name")
         names.append(node.metadata.name)
@@ -184,11 +179,30 @@ def decode_args(body: bytes) -> SchedulingRequest:
     return SchedulingRequest(args.Pod, CandidateNodes(names, raw=raw_items, labels=labels))
 
 
-def _decode_part(decoder: msgspec.json.Decoder, raw: bytes | msgspec.Raw, field: str):
+def _decode(decoder: msgspec.json.Decoder, raw: bytes | msgspec.Raw, shape_prefix: str, json_prefix: str):
+    """``decoder.decode(raw)``, every way it can fail turned into a WireError (422 shape, 400 not JSON)."""
     try:
         return decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        raise WireError(f"ExtenderArgs.{field}: {exc}".replace("`$", f"`$.{field}")) from None
+        raise WireError(f"{shape_prefix}{exc}") from None
+    except msgspec.DecodeError as exc:  # also invalid UTF-8 inside a string
+        raise WireError(f"{json_prefix}malformed JSON: {exc}", 400) from None
+    except RecursionError:  # msgspec's own depth limit; the body is a few KB of brackets, not a pod
+        raise WireError(f"{json_prefix}malformed JSON: nested too deeply", 400) from None
+
+
+def _decode_part(decoder: msgspec.json.Decoder, raw: bytes | msgspec.Raw, field: str):
+    try:
+        return _decode(decoder, raw, f"ExtenderArgs.{field}: ", f"ExtenderArgs.{field}: ")
+    except WireError as exc:
+        raise WireError(str(exc).replace("`$", f"`$.{field}"), exc.status) from None
+
+
+def _require_utf8(raw: bytes | msgspec.Raw, field: str) -> None:
+    try:
+        str(memoryview(raw), "utf-8")
+    except UnicodeDecodeError as exc:
+        raise WireError(f"ExtenderArgs.{field}: malformed JSON: invalid UTF-8 at byte {exc.start}", 400) from None
 
 
 # The answer when every candidate passed, cut where the NodeNames list goes (the first "[]" of the JSON).

@@ -10,7 +10,7 @@ import pytest
 from conftest import FakeKubelet, lab_hostvars
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
-from support import collections_path, run_playbook
+from support import collections_path, run_playbook, try_render
 
 pytestmark = pytest.mark.integration
 
@@ -113,18 +113,27 @@ def test_site_applies_the_fleet_then_changes_nothing(site_run, api, core, lab_no
     assert changed == {}, f"the second run changed something: {changed}"
 
 
-def test_a_feature_switched_off_is_removed_in_apply_and_render_mode(site_run, api, control_plane, tmp_path):
-    # Apply mode: the extender's NetworkPolicy goes away from the cluster.
-    site_run({"gpu_extender_network_policy_enabled": True})
-    assert exists(api, "networking.k8s.io/v1", "NetworkPolicy", "gpufleet-extender", "gpufleet-system")
-    site_run({"gpu_extender_network_policy_enabled": False})
-    assert not exists(api, "networking.k8s.io/v1", "NetworkPolicy", "gpufleet-extender", "gpufleet-system")
+def test_a_feature_switched_off_is_removed_in_apply_and_render_mode(api, control_plane, tmp_path):
+    """The extender's NetworkPolicy switched off: gone from the cluster (apply), gone from the manifests (render).
+    Only the gpu_extender role runs: the rest of site.yml is the test above."""
+    apply = {"gpufleet_k8s_mode": "apply", "gpufleet_kubeconfig": str(control_plane.kubeconfig)}
+    render = {"gpufleet_k8s_mode": "render"}
 
-    # Render mode: its file goes away from the manifests directory.
+    def extender_role(settings: dict, network_policy: bool, run: str):
+        extra = {**settings, "gpu_extender_network_policy_enabled": network_policy}
+        result, manifests = try_render(["gpufleet.mig.gpu_extender"], tmp_path / run, extra_vars=extra)
+        assert result.returncode == 0, result.stdout[-6000:]
+        return manifests
+
+    extender_role(apply, True, "apply-on")
+    assert exists(api, "networking.k8s.io/v1", "NetworkPolicy", "gpufleet-extender", "gpufleet-system")
+    extender_role(apply, False, "apply-off")
+    assert not exists(api, "networking.k8s.io/v1", "NetworkPolicy", "gpufleet-extender", "gpufleet-system")
+    assert exists(api, "apps/v1", "Deployment", "gpufleet-extender", "gpufleet-system")
+
     manifests = tmp_path / "manifests"
-    render = {"gpufleet_k8s_mode": "render", "gpufleet_manifests_dir": str(manifests)}
-    site_run({**render, "gpu_extender_network_policy_enabled": True})
+    extender_role({**render, "gpufleet_manifests_dir": str(manifests)}, True, "render-on")
     assert (manifests / "gpu_extender" / "network-policy.yaml").exists()
-    site_run({**render, "gpu_extender_network_policy_enabled": False})
+    extender_role({**render, "gpufleet_manifests_dir": str(manifests)}, False, "render-off")
     assert not (manifests / "gpu_extender" / "network-policy.yaml").exists()
     assert (manifests / "gpu_extender" / "deployment.yaml").exists()

@@ -79,7 +79,7 @@ def test_h200_product_table():
         ({"1g.20gb": 3, "3g.40gb": 1}, "needs 10 memory slices"),
         ({"2g.20gb": 3, "1g.20gb": 1, "1g.10gb": 0}, None),  # valid: 2g at 0/2/4, 1g.20gb at 6
         ({"3g.40gb": 1, "2g.20gb": 2}, None),  # valid only with 3g.40gb at 4 (largest-first greedy puts it at 0)
-        ({"foo": 1}, "not a GPU-instance profile name"),
+        ({"foo": 1}, "not a MIG profile name"),
         ({"1g.10gb": -1}, "must be >= 0"),
         ({"1g.10gb": True}, "must be an integer"),
     ],

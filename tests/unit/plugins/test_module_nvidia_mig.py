@@ -241,3 +241,116 @@ def test_ansible_cli_end_to_end_with_environment_variable(tmp_path):
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, check=False)
     host = json.loads(second.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
     assert host["changed"] is False and len(host["gpus"][0]["after"]) == 7
+
+
+# (A 5,000-digit int cannot reach a module: module arguments travel as JSON. test_spec checks it below that.)
+ODD_NUMBERS = ["²", "٣", "9" * 5000, 10**12, "1.5", 1.5, "0x1", True, "", None, [1]]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ODD_NUMBERS,
+    ids=lambda v: f"{type(v).__name__}-{repr(v)[:6] if not isinstance(v, int) or abs(v) < 10**9 else 'huge'}",
+)
+@pytest.mark.parametrize("where", ["count", "index"])
+def test_odd_counts_and_indexes_are_refused_naming_the_entry(sim, value, where):
+    if where == "count":
+        entry = {"devices": [1], "mig_enabled": True, "mig_devices": {"1g.10gb": value}}
+    else:
+        entry = {"devices": [value], "mig_enabled": True, "mig_devices": {"1g.10gb": 1}}
+    state = Path(sim.path).read_text()
+    result = mig(sim, [{"devices": [0], "mig_enabled": False}, entry])
+    assert result["failed"] and result["msg"].startswith("config[1]: "), result["msg"]
+    assert ("count of 1g.10gb" if where == "count" else "devices[]") in result["msg"]
+    assert "invalid literal" not in result["msg"] and len(result["msg"]) < 300
+    assert Path(sim.path).read_text() == state
+
+
+def test_gpu_that_cannot_be_reset_needs_a_reboot_and_later_gpus_are_still_processed(tmp_path):
+    sim = new_sim(tmp_path, gpus=3)
+    sim.state["gpus"][0]["reset_supported"] = False  # e.g. a GPU of an NVLink domain
+    sim._save()
+    sim.add_process(0, pid=4242)  # whole-GPU process: the mode change stays pending
+    sim.add_process(2, pid=4343)  # resettable, but still in use (force does not stop processes)
+    args = {"config": layout({"3g.40gb": 2}), "nvml_sim_state": sim.path, "force": True}
+    result = run_module(nvidia_mig, args)
+    assert not result.get("failed"), result.get("msg")
+    assert result["changed"] and result["reboot_required"]
+    gpu0, gpu1, gpu2 = result["gpus"]
+    assert gpu0["mig_mode_pending"] and not gpu0["reset"] and "NVML_ERROR_NOT_SUPPORTED" in gpu0["reset_error"]
+    assert gpu2["mig_mode_pending"] and "NVML_ERROR_IN_USE" in gpu2["reset_error"]
+    assert [s["op"] for s in gpu0["done"]] == ["enable_mig"] and gpu0["done"][0]["activation"] == "IN_USE"
+    assert [s["op"] for s in gpu1["done"]] == ["enable_mig", "create", "create"]  # processed after GPU 0
+    assert not gpu1["mig_mode_pending"] and gpu1["reset_error"] is None
+    # After the reboot the docs promise, a rerun creates the instances on GPUs 0 and 2.
+    SimulatedNvml(sim.path).reboot()
+    after = run_module(nvidia_mig, args)
+    assert not after["reboot_required"]
+    assert [[a["op"] for a in g["actions"]] for g in after["gpus"]] == [["create", "create"]] * 3  # reboot wipes all
+    assert not run_module(nvidia_mig, args)["changed"]
+
+
+def test_failed_destroy_reports_the_compute_instance_already_removed(sim):
+    mig(sim, IMAGEGEN)
+    SimulatedNvml(sim.path).add_fault("nvmlGpuInstanceDestroy", "UNKNOWN", gpu=1)
+    target = [IMAGEGEN[0], {"devices": [1], "mig_enabled": True, "mig_devices": {"7g.80gb": 1}}]
+    result = mig(sim, target)
+    assert result["failed"] and result["changed"]
+    gpu1 = result["gpus"][1]
+    assert gpu1["done"] == [
+        {"op": "destroy_compute_instances", "profile": "2g.20gb", "start": 0, "compute_instance_ids": [0]}
+    ]
+    assert "already done on GPU 1: destroy_compute_instances 2g.20gb@0" in result["msg"]
+    rerun = mig(sim, target)
+    assert not rerun.get("failed") and not mig(sim, target)["changed"]
+
+
+def test_failure_names_the_gpus_not_attempted(tmp_path):
+    sim = new_sim(tmp_path, gpus=3)
+    sim.add_fault("nvmlDeviceCreateGpuInstanceWithPlacement", "INSUFFICIENT_RESOURCES", gpu=1)
+    result = run_module(nvidia_mig, {"config": layout({"7g.80gb": 1}), "nvml_sim_state": sim.path})
+    assert result["failed"]
+    assert "GPUs completed before it: 0" in result["msg"] and "GPUs not attempted: 2" in result["msg"]
+
+
+def test_every_busy_gpu_is_named(sim):
+    mig(sim, IMAGEGEN)
+    nvml = SimulatedNvml(sim.path)
+    nvml.add_process(0, pid=101, gi_id=1)
+    nvml.add_process(1, pid=202, gi_id=1)
+    state = Path(sim.path).read_text()
+    result = mig(sim, layout({"7g.80gb": 1}))
+    assert result["failed"] and "PIDs 101" in result["msg"] and "PIDs 202" in result["msg"]
+    assert result["msg"].count("stop them or set force=true") == 1
+    assert Path(sim.path).read_text() == state
+
+
+def test_forced_apply_that_fails_names_every_busy_gpu(sim):
+    mig(sim, IMAGEGEN)
+    nvml = SimulatedNvml(sim.path)
+    nvml.add_process(0, pid=101, gi_id=1)
+    nvml.add_process(1, pid=202, gi_id=1)
+    # force skips the pre-check; NVML itself refuses to destroy GPU 0's busy instance (IN_USE) and stops the apply.
+    result = run_module(nvidia_mig, {"config": layout({"7g.80gb": 1}), "nvml_sim_state": sim.path, "force": True})
+    assert result["failed"] and "NVML_ERROR_IN_USE" in result["msg"]
+    assert "GPUs not attempted: 1" in result["msg"]
+    assert "processes in the way (force): GPU 0: instance 3g.40gb at slice 0" in result["msg"]
+    assert "GPU 1: instance 2g.20gb at slice 0 (GPU instance 1" in result["msg"] and "PIDs 202" in result["msg"]
+
+
+def test_gpu_info_reports_what_device_filters_match(sim):
+    nvml = SimulatedNvml(sim.path)
+    nvml.state["gpus"][1].update(name="NVIDIA L4", pci_device_id="0x27B810DE", pci_subsystem_id=None, mig_capable=False)
+    nvml._save()
+    gpus = run_module(nvidia_gpu_info, {"nvml_sim_state": sim.path})["gpus"]
+    assert (gpus[0]["pci_device_id"], gpus[0]["pci_subsystem_id"], gpus[0]["mig_capable"]) == (
+        "0x233010DE",
+        "0x16C110DE",
+        True,
+    )
+    assert (gpus[1]["pci_subsystem_id"], gpus[1]["mig_capable"], gpus[1]["mig_profiles"]) == (None, False, [])
+    # What it reports is what a device-filter with a subsystem ID selects.
+    entry = {"devices": "all", "mig_enabled": True, "mig_devices": {"7g.80gb": 1}}
+    result = mig(sim, [dict(entry, device_filter=[f"{gpus[0]['pci_device_id']}:{gpus[0]['pci_subsystem_id']}"])])
+    assert [g["index"] for g in result["gpus"]] == [0]
+    assert mig(sim, [dict(entry, device_filter=["0x233010DE:0x17A610DE"])])["gpus"] == []

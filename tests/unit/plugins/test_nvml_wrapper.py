@@ -87,9 +87,12 @@ class FakePynvml:
         return SimpleNamespace(total=self.sim.identity(handle.index).memory_mib * 1024 * 1024)
 
     def _nvmlDeviceGetPciInfo(self, handle):
-        return SimpleNamespace(pciDeviceId=self.sim.identity(handle.index).pci_device_id)
+        identity = self.sim.identity(handle.index)
+        return SimpleNamespace(pciDeviceId=identity.pci_device_id, pciSubSystemId=identity.pci_subsystem_id or 0)
 
     def _nvmlDeviceGetMigMode(self, handle):
+        if not self.sim.mig_capable(handle.index):
+            raise NvmlError("nvmlDeviceGetMigMode", 3, "NOT_SUPPORTED")
         return list(map(int, self.sim.mig_mode(handle.index)))
 
     def _nvmlDeviceSetMigMode(self, handle, mode):
@@ -219,6 +222,16 @@ def test_wrapper_reads_what_the_simulator_holds(pair):
     assert backend.identity(1) == sim.identity(1)
     assert backend.gpu_instance_profiles(0) == sim.gpu_instance_profiles(0)
     assert backend.mig_mode(0) == (False, False)
+    assert backend.mig_capable(0) is True
+
+
+def test_wrapper_sees_a_gpu_without_mig(pair):
+    backend, sim, _ = pair
+    sim.state["gpus"][1]["mig_capable"] = False
+    assert backend.mig_capable(1) is False and backend.mig_mode(1) == (False, False)
+    # devices: all skips it, as mig-parted does; GPU 0 is laid out
+    result = runner.apply(backend, layout({"3g.40gb": 2}))
+    assert [g["index"] for g in result["gpus"]] == [0]
 
 
 def test_wrapper_applies_a_layout_and_reads_it_back(pair):

@@ -1,8 +1,12 @@
-"""GET /healthz (the process serves), /readyz (decisions can be trusted), /metrics (prometheus-client)."""
+"""GET /healthz (the process serves), /readyz (decisions can be trusted), /metrics (prometheus-client).
+
+/readyz is 503 while metrics are required and missing (ON_MISSING_METRICS=deny), or while the Kubernetes API refuses
+a list or watch the extender needs (``kube_api_errors``: kind -> the API's message).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -11,20 +15,28 @@ from gpufleet_extender.dependencies import ExtenderDep
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+async def healthz(request: Request) -> Response:
+    """Liveness: answers as soon as the server listens, the first snapshot loaded or not."""
+    return Response(b'{"status":"ok"}', media_type="application/json")
+
+
+router.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
 
 
 @router.get("/readyz")
-async def readyz(extender: ExtenderDep) -> JSONResponse:
+async def readyz(extender: ExtenderDep, request: Request) -> JSONResponse:
     age = extender.metrics_age()
+    # Lists/watches the Kubernetes API refuses (missing RBAC): decisions would ignore what they feed.
+    refused = getattr(request.app.state, "kube_api_refused", dict)()
     body = {
-        "ready": extender.ready(),
+        "ready": extender.ready() and not refused,
+        "loading": extender.loading(),
         "metrics_age_seconds": None if age == float("inf") else round(age, 3),
         "on_missing_metrics": extender.policy.missing_policy_name,
         "metrics_source": extender.settings.METRICS_SOURCE.value,
         "metrics_source_error": extender.source_error(),
+        "metrics_source_warnings": extender.source_warnings(),
+        "kube_api_errors": refused,
     }
     return JSONResponse(body, status_code=200 if body["ready"] else 503)
 

@@ -1,0 +1,91 @@
+"""Large METRICS_FILEs are parsed in a worker process, so parsing never holds this process's GIL.
+
+The text parser (prometheus-client) is pure Python: a million-line file keeps a thread busy for minutes,
+and a parsing thread takes the GIL from request handlers for 5 ms at a time. The worker process parses and
+folds the file into a snapshot, then hands it back as pickled chunks of ``NodeRow`` tuples; the event loop
+turns one chunk at a time into NodeMetrics and yields between chunks, so requests wait a chunk at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
+from typing import TYPE_CHECKING
+
+from gpufleet_extender.snapshot import NodeMetrics, NodeRow, node_from_row, node_row
+
+if TYPE_CHECKING:  # the worker imports metrics_source (and its parser) only when it parses
+    from gpufleet_extender.metrics_source import FetchReport
+
+CHUNK_NODES = 100  # nodes per chunk: about a millisecond of object building on the event loop
+
+
+def load_rows(path: str, node_labels: tuple[str, ...], mtime: float) -> tuple[list[bytes], FetchReport]:
+    """Run in the worker: the file's nodes as pickled chunks of NodeRows, and what the screening found wrong in
+    the data (errors raise MetricsSourceError)."""
+    from gpufleet_extender.metrics_source import load_file  # the worker imports the parser only
+
+    snapshot, report = load_file(path, node_labels, default_time=mtime, taken_at=0.0, version=0)
+    rows = [node_row(metrics) for metrics in snapshot.nodes.values()]
+    chunks = [
+        pickle.dumps(rows[start : start + CHUNK_NODES], protocol=pickle.HIGHEST_PROTOCOL)
+        for start in range(0, len(rows), CHUNK_NODES)
+    ]
+    return chunks, report
+
+
+def _exit_with(parent: int) -> None:
+    """Worker initializer: end when the server process is gone, however it ended (kill -9 included)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+class ParseWorker:
+    """One worker process, started on first use (spawned: the parent runs watch threads, fork is unsafe)."""
+
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        # The rows of the last load and their objects: unchanged nodes keep their NodeMetrics object.
+        self._kept: dict[str, tuple[NodeRow, NodeMetrics]] = {}
+
+    async def load(
+        self, path: str, node_labels: tuple[str, ...], mtime: float
+    ) -> tuple[dict[str, NodeMetrics], FetchReport]:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_exit_with,
+                initargs=(os.getpid(),),
+            )
+        loop = asyncio.get_running_loop()
+        chunks, report = await loop.run_in_executor(self._pool, load_rows, path, node_labels, mtime)
+        kept = self._kept
+        fresh: dict[str, tuple[NodeRow, NodeMetrics]] = {}
+        for chunk in chunks:
+            for row in pickle.loads(chunk):
+                before = kept.get(row[0])
+                fresh[row[0]] = (row, before[1] if before is not None and before[0] == row else node_from_row(row))
+            await asyncio.sleep(0)  # let requests in between chunks
+        self._kept = fresh
+        return nodes_of(fresh), report
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def nodes_of(entries: Mapping[str, tuple[NodeRow, NodeMetrics]]) -> dict[str, NodeMetrics]:
+    return {name: entry[1] for name, entry in entries.items()}

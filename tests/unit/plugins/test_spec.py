@@ -1,0 +1,202 @@
+"""spec: go-nvlib's profile-name grammar, mig-parted's device selection (device-filter with subsystem IDs,
+GPUs without MIG, missing indexes) and mig-parted's file rules."""
+
+from __future__ import annotations
+
+import pytest
+from _helpers import H100, layout, new_sim
+from ansible_collections.gpufleet.mig.plugins.module_utils import runner
+from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import SpecError
+from ansible_collections.gpufleet.mig.plugins.module_utils.planner import validate_target
+from ansible_collections.gpufleet.mig.plugins.module_utils.spec import (
+    DeviceId,
+    GpuSelectable,
+    config_from_mig_parted,
+    parse_config,
+    parse_profile_name,
+    targets_for_gpus,
+)
+
+H100_ID, H100_SUBSYSTEM, H200_ID = 0x233010DE, 0x16C110DE, 0x233510DE
+
+
+# --- profile names: go-nvlib pkg/nvlib/device/mig_profile.go ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "canonical"),
+    [
+        ("1g.10gb", "1g.10gb"),
+        ("1g.10gb+me", "1g.10gb+me"),
+        ("1g.24gb+me.all", "1g.24gb+me.all"),
+        ("2g.48gb-me", "2g.48gb-me"),
+        ("1g.24gb+gfx", "1g.24gb+gfx"),
+        ("1g.24gb+me,gfx", "1g.24gb+gfx,me"),  # attribute order does not matter
+        ("3c.3g.40gb", "3g.40gb"),  # C = G is the plain form
+        ("1c.3g.40gb", "1c.3g.40gb"),
+        ("01g.010gb", "1g.10gb"),  # strconv.Atoi reads leading zeros
+        ("7g.141gb", "7g.141gb"),
+    ],
+)
+def test_profile_names_go_nvlib_accepts(name, canonical):
+    assert parse_profile_name(name).canonical == canonical
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "1g",
+        "1g.10",
+        "g.10gb",
+        "1g.10gb+",
+        "1g.10gb+me+gfx",
+        "1g.10gb+me-gfx",  # '+' and '-' together
+        "1g.10gb+me,me",
+        "1g.10gb+1me",
+        "1g.10gb+.me",
+        "1g.10gb+me.",
+        "1g.10gb+m_e",
+        " 1g.10gb",
+        "1x.1g.10gb",
+        "1c.1g.10gb.5",
+        "²g.10gb",
+        "1g.10gb+mé",
+        "9" * 5000 + "g.10gb",
+    ],
+)
+def test_profile_names_go_nvlib_refuses(name):
+    with pytest.raises(ValueError):
+        parse_profile_name(name)
+    with pytest.raises(SpecError, match=r"^config\[0\]: .* is not a MIG profile name"):
+        parse_config(layout({name: 1}))
+
+
+def test_spellings_of_one_profile_are_one_profile():
+    assert parse_config(layout({"3c.3g.40gb": 2}))[0].mig_devices == {"3g.40gb": 2}
+    with pytest.raises(SpecError, match="listed twice"):
+        parse_config(layout({"3c.3g.40gb": 1, "3g.40gb": 1}))
+
+
+def test_names_of_other_models_are_refused_only_when_they_select_the_gpu():
+    with pytest.raises(SpecError, match=r"unknown MIG profile\(s\) 1g.24gb-me for this GPU; valid profiles"):
+        validate_target({"1g.24gb-me": 4}, H100, "GPU 0")
+    with pytest.raises(SpecError, match=r"1c\.3g\.40gb: compute-instance profiles smaller than their GPU instance"):
+        validate_target({"1c.3g.40gb": 2}, H100, "GPU 0")
+
+
+# --- device selection: mig-parted api/spec/v1/helpers.go, pkg/types/device.go --------------------------------
+
+
+def gpus(*pairs, capable=True):
+    return [GpuSelectable(i, device, subsystem, capable) for i, (device, subsystem) in enumerate(pairs)]
+
+
+@pytest.mark.parametrize(
+    ("device_filter", "selected"),
+    [
+        ("0x233010DE", [0, 1]),
+        ("0x233010de", [0, 1]),
+        ("0x233010DE:0x16C110DE", [0]),
+        ("0x233010DE:0x16C210DE", []),
+        (["0x233510DE", "0x233010DE:0x16C110DE"], [0, 2]),
+        ("0x233510DE", [2]),
+        (0x233010DE, [0, 1]),
+    ],
+)
+def test_device_filter_with_and_without_subsystem(device_filter, selected):
+    host = gpus((H100_ID, H100_SUBSYSTEM), (H100_ID, 0x17A610DE), (H200_ID, None))
+    entries = parse_config([{"devices": "all", "mig_enabled": False, "device_filter": device_filter}])
+    assert sorted(targets_for_gpus(entries, host)) == selected
+
+
+@pytest.mark.parametrize("bad", ["0x233010DE:", ":0x16C110DE", "0x233010DE:0x1:0x2", "0x1233010DE", "GPU", -1, True])
+def test_device_filter_refuses_what_is_not_a_pci_id(bad):
+    with pytest.raises(SpecError, match=r"config\[0\]: device_filter entries must be PCI IDs"):
+        parse_config([{"devices": "all", "mig_enabled": False, "device_filter": [bad]}])
+    assert DeviceId(1, 2).matches(1, 2) and not DeviceId(1, 2).matches(1, None)
+
+
+def test_gpus_without_mig_are_skipped_where_mig_parted_skips_them():
+    host = [GpuSelectable(0, H100_ID), GpuSelectable(1, 0x27B810DE, mig_capable=False)]
+    on_all = parse_config(layout({"3g.40gb": 2}))
+    assert sorted(targets_for_gpus(on_all, host)) == [0]
+    off_by_index = parse_config([{"devices": [0, 1], "mig_enabled": False}])
+    assert sorted(targets_for_gpus(off_by_index, host)) == [0]
+    on_by_index = parse_config(layout({"3g.40gb": 2}, devices=[1]))
+    with pytest.raises(SpecError, match=r"config\[0\]: GPU 1 cannot do MIG"):
+        targets_for_gpus(on_by_index, host)
+
+
+def test_missing_indexes_fail_by_default_and_are_skipped_on_request():
+    host = [GpuSelectable(0, H100_ID), GpuSelectable(1, H100_ID)]
+    entries = parse_config([{"devices": [1, 5, 7], "mig_enabled": False}])
+    with pytest.raises(SpecError, match=r"GPU index\(es\) \[5, 7\] do not exist on this host.*missing_devices=skip"):
+        targets_for_gpus(entries, host)
+    assert sorted(targets_for_gpus(entries, host, missing_devices="skip")) == [1]
+
+
+def test_runner_skips_a_non_mig_gpu_under_all_and_misses_indexes_on_request(tmp_path):
+    sim = new_sim(tmp_path, gpus=2)
+    sim.state["gpus"][1].update(
+        name="NVIDIA L4", memory_mib=23034, pci_device_id="0x27B810DE", pci_subsystem_id=None, mig_capable=False
+    )
+    sim._save()
+    result = runner.apply(sim, layout({"3g.40gb": 2}))
+    assert [g["index"] for g in result["gpus"]] == [0]
+    with pytest.raises(SpecError, match="do not exist"):
+        runner.apply(sim, layout({"7g.80gb": 1}, devices=[0, 3]))
+    skipped = runner.apply(sim, layout({"7g.80gb": 1}, devices=[0, 3]), missing_devices="skip")
+    assert [g["index"] for g in skipped["gpus"]] == [0] and skipped["gpus"][0]["after"] == [
+        {"profile": "7g.80gb", "start": 0}
+    ]
+
+
+@pytest.mark.parametrize("value", [10**5000, -(10**5000), 10**7], ids=["huge", "huge-negative", "ten-million"])
+def test_huge_integers_are_refused_without_printing_them(value):
+    for config in (layout({"1g.10gb": value}), [{"devices": [value], "mig_enabled": False}]):
+        with pytest.raises(SpecError, match=r"^config\[0\]: .*must be an integer from 0 to 999999") as failure:
+            parse_config(config)
+        assert len(failure.value.message) < 200
+
+
+# --- mig-parted's file rules: api/spec/v1/spec.go, pkg/types/mig_config.go -------------------------------------
+
+
+def document(*entries, **others) -> dict:
+    return {"version": "v1", "mig-configs": {"chosen": list(entries), **others}}
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"devices": "all", "mig-enabled": True}, "missing required field 'mig-devices' when 'mig-enabled' is true"),
+        ({"devices": "all", "mig-enabled": False, "mig-devices": {"1g.10gb": 1}}, "MIG devices included when"),
+        ({"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 0}}, "all counts of mig-devices are 0"),
+        ({"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": -1}}, "invalid count"),
+        ({"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb+me-x": 1}}, "invalid MIG profile name"),
+        ({"devices": "some", "mig-enabled": False}, "devices must be 'all' or a list of integers"),
+        ({"devices": ["0"], "mig-enabled": False}, "devices must be 'all' or a list of integers"),
+        ({"devices": "all", "mig-enabled": "true", "mig-devices": {}}, "mig-enabled must be true or false"),
+        ({"mig-enabled": False}, "missing required field devices"),
+        ({"devices": "all"}, "missing required field mig-enabled"),
+        ({"devices": "all", "mig-enabled": False, "mig_devices": {}}, "unexpected field"),
+        ({"devices": "all", "mig-enabled": False, "device-filter": 0x233010DE}, "device-filter must be a string"),
+    ],
+)
+def test_mig_parted_file_rules(entry, message):
+    with pytest.raises(SpecError, match=message):
+        config_from_mig_parted(document(entry), "chosen")
+
+
+def test_mig_parted_checks_every_config_of_the_file():
+    ok = {"devices": "all", "mig-enabled": True, "mig-devices": {}}
+    with pytest.raises(SpecError, match=r"'other' entry 0: missing required field 'mig-devices'"):
+        config_from_mig_parted(document(ok, other=[{"devices": "all", "mig-enabled": True}]), "chosen")
+    assert config_from_mig_parted(document(ok), "chosen") == [
+        {"devices": "all", "mig_enabled": True, "mig_devices": {}}
+    ]
+    with pytest.raises(SpecError, match="'empty' must be a non-empty list"):
+        config_from_mig_parted(document(ok, empty=[]), "chosen")
+    with pytest.raises(SpecError, match="unexpected field"):
+        config_from_mig_parted({**document(ok), "extra": 1}, "chosen")
