@@ -15,45 +15,48 @@ import (
 // Args are GPUScore's pluginConfig args: the seed's prometheusURL, weightGPUUtil and weightMemUtil plus the
 // extender's other settings under the same meaning (extender setting in brackets; defaults are the extender's).
 type Args struct {
-	PrometheusURL            string   `json:"prometheusURL"`            // PROMETHEUS_URL
-	PrometheusTimeoutSeconds float64  `json:"prometheusTimeoutSeconds"` // PROMETHEUS_TIMEOUT_SECONDS
-	GPUUtilThreshold         float64  `json:"gpuUtilThreshold"`         // GPU_UTIL_THRESHOLD: filter at or above
-	MemUtilThreshold         float64  `json:"memUtilThreshold"`         // MEM_UTIL_THRESHOLD
-	WeightGPUUtil            float64  `json:"weightGPUUtil"`            // WEIGHT_GPU_UTIL
-	WeightMemUtil            float64  `json:"weightMemUtil"`            // WEIGHT_MEM_UTIL
-	MetricsRefreshSeconds    float64  `json:"metricsRefreshSeconds"`    // METRICS_REFRESH_SECONDS
-	MetricsMaxAgeSeconds     float64  `json:"metricsMaxAgeSeconds"`     // METRICS_MAX_AGE_SECONDS (0: never stale)
-	OnMissingMetrics         string   `json:"onMissingMetrics"`         // ON_MISSING_METRICS: allow | deny
-	NodeNameLabels           []string `json:"nodeNameLabels"`           // NODE_NAME_LABELS
-	TenantLabel              string   `json:"tenantLabel"`              // TENANT_LABEL
-	TenantPools              bool     `json:"tenantPools"`              // TENANT_POOLS
-	InflightMaxSeconds       float64  `json:"inflightMaxSeconds"`       // INFLIGHT_MAX_SECONDS
-	ScoringStrategy          Strategy `json:"scoringStrategy"`          // SCORING_STRATEGY: spread | pack | auto
-	PackTargetUtil           float64  `json:"packTargetUtil"`           // PACK_TARGET_UTIL
-	AutoPackBelow            float64  `json:"autoPackBelow"`            // AUTO_PACK_BELOW
-	AutoHysteresis           float64  `json:"autoHysteresis"`           // AUTO_HYSTERESIS
+	PrometheusURL            string  `json:"prometheusURL"`            // PROMETHEUS_URL
+	PrometheusTimeoutSeconds float64 `json:"prometheusTimeoutSeconds"` // PROMETHEUS_TIMEOUT_SECONDS
+	GPUUtilThreshold         float64 `json:"gpuUtilThreshold"`         // GPU_UTIL_THRESHOLD: filter at or above
+	MemUtilThreshold         float64 `json:"memUtilThreshold"`         // MEM_UTIL_THRESHOLD
+	WeightGPUUtil            float64 `json:"weightGPUUtil"`            // WEIGHT_GPU_UTIL
+	WeightMemUtil            float64 `json:"weightMemUtil"`            // WEIGHT_MEM_UTIL
+	MetricsRefreshSeconds    float64 `json:"metricsRefreshSeconds"`    // METRICS_REFRESH_SECONDS
+	MetricsMaxAgeSeconds     float64 `json:"metricsMaxAgeSeconds"`     // METRICS_MAX_AGE_SECONDS (0: never stale)
+	// METRICS_MAX_CLOCK_SKEW_SECONDS: a node whose samples are dated further ahead counts as without metrics.
+	MetricsMaxClockSkewSeconds float64  `json:"metricsMaxClockSkewSeconds"`
+	OnMissingMetrics           string   `json:"onMissingMetrics"`   // ON_MISSING_METRICS: allow | deny
+	NodeNameLabels             []string `json:"nodeNameLabels"`     // NODE_NAME_LABELS
+	TenantLabel                string   `json:"tenantLabel"`        // TENANT_LABEL
+	TenantPools                bool     `json:"tenantPools"`        // TENANT_POOLS
+	InflightMaxSeconds         float64  `json:"inflightMaxSeconds"` // INFLIGHT_MAX_SECONDS
+	ScoringStrategy            Strategy `json:"scoringStrategy"`    // SCORING_STRATEGY: spread | pack | auto
+	PackTargetUtil             float64  `json:"packTargetUtil"`     // PACK_TARGET_UTIL
+	AutoPackBelow              float64  `json:"autoPackBelow"`      // AUTO_PACK_BELOW
+	AutoHysteresis             float64  `json:"autoHysteresis"`     // AUTO_HYSTERESIS
 }
 
 // DefaultArgs are the extender's defaults (config.Settings).
 func DefaultArgs() Args {
 	return Args{
-		PrometheusURL:            "http://127.0.0.1:9090",
-		PrometheusTimeoutSeconds: 2,
-		GPUUtilThreshold:         0.8,
-		MemUtilThreshold:         0.9,
-		WeightGPUUtil:            0.7,
-		WeightMemUtil:            0.3,
-		MetricsRefreshSeconds:    5,
-		MetricsMaxAgeSeconds:     30,
-		OnMissingMetrics:         "allow",
-		NodeNameLabels:           []string{"Hostname", "hostname"},
-		TenantLabel:              "gpufleet.io/tenant",
-		TenantPools:              true,
-		InflightMaxSeconds:       120,
-		ScoringStrategy:          StrategySpread,
-		PackTargetUtil:           0.6,
-		AutoPackBelow:            0.4,
-		AutoHysteresis:           0.1,
+		PrometheusURL:              "http://127.0.0.1:9090",
+		PrometheusTimeoutSeconds:   2,
+		GPUUtilThreshold:           0.8,
+		MemUtilThreshold:           0.9,
+		WeightGPUUtil:              0.7,
+		WeightMemUtil:              0.3,
+		MetricsRefreshSeconds:      5,
+		MetricsMaxAgeSeconds:       30,
+		MetricsMaxClockSkewSeconds: 5,
+		OnMissingMetrics:           "allow",
+		NodeNameLabels:             []string{"Hostname", "hostname"},
+		TenantLabel:                "gpufleet.io/tenant",
+		TenantPools:                true,
+		InflightMaxSeconds:         120,
+		ScoringStrategy:            StrategySpread,
+		PackTargetUtil:             0.6,
+		AutoPackBelow:              0.4,
+		AutoHysteresis:             0.1,
 	}
 }
 
@@ -121,6 +124,7 @@ func (a *Args) Validate() error {
 	inRange("weightMemUtil", a.WeightMemUtil, 0, 1, false, false)
 	inRange("metricsRefreshSeconds", a.MetricsRefreshSeconds, 0, 3600, true, false)
 	inRange("metricsMaxAgeSeconds", a.MetricsMaxAgeSeconds, 0, math.Inf(1), false, false)
+	inRange("metricsMaxClockSkewSeconds", a.MetricsMaxClockSkewSeconds, 0, math.Inf(1), false, false)
 	inRange("inflightMaxSeconds", a.InflightMaxSeconds, 0, math.Inf(1), true, false)
 	inRange("packTargetUtil", a.PackTargetUtil, 0, 1, true, true)
 	inRange("autoPackBelow", a.AutoPackBelow, 0, 1, true, true)

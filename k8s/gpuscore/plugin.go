@@ -60,7 +60,8 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	if err != nil {
 		return nil, fmt.Errorf("invalid %s args: %w", Name, err)
 	}
-	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds))
+	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds),
+		args.MetricsMaxClockSkewSeconds)
 	plugin := newPlugin(args, source)
 	if handle != nil {
 		plugin.watch(handle)

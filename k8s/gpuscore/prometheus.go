@@ -26,12 +26,16 @@ import (
 type PrometheusSource struct {
 	baseURL     string
 	client      *http.Client
+	timeout     time.Duration
+	maxSkew     float64
 	nodeLabels  []string
 	seriesQuery string
 	timesQuery  string
 }
 
-func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Duration) *PrometheusSource {
+// NewPrometheusSource: timeout bounds each refresh as a whole (both queries); maxSkew is how far ahead of this
+// clock a node's samples may be dated before the node counts as without metrics.
+func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Duration, maxSkew float64) *PrometheusSource {
 	parts := make([]string, len(DCGMMetrics))
 	by := strings.Join(nodeLabels, ", ")
 	for i, metric := range DCGMMetrics {
@@ -40,7 +44,9 @@ func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Durat
 	}
 	return &PrometheusSource{
 		baseURL:     strings.TrimRight(baseURL, "/"),
-		client:      &http.Client{Timeout: timeout},
+		client:      &http.Client{},
+		timeout:     timeout,
+		maxSkew:     maxSkew,
 		nodeLabels:  nodeLabels,
 		seriesQuery: `{__name__=~"` + strings.Join(DCGMMetrics, "|") + `"}`,
 		timesQuery:  strings.Join(parts, " or "),
@@ -102,6 +108,8 @@ func (p *PrometheusSource) query(ctx context.Context, promql string) ([]promSamp
 // Fetch queries both vectors and builds the snapshot numbered version.
 func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*Snapshot, error) {
 	queriedAt := nowSeconds()
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
 	var series, times []promSample
 	var seriesErr, timesErr error
 	var wg sync.WaitGroup
@@ -109,17 +117,78 @@ func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*Snapshot
 	go func() { defer wg.Done(); series, seriesErr = p.query(ctx, p.seriesQuery) }()
 	go func() { defer wg.Done(); times, timesErr = p.query(ctx, p.timesQuery) }()
 	wg.Wait()
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("Prometheus did not answer both queries within prometheusTimeoutSeconds (%gs)", p.timeout.Seconds())
+	}
 	if seriesErr != nil {
 		return nil, seriesErr
 	}
 	if timesErr != nil {
 		return nil, timesErr
 	}
-	return buildFromProm(series, times, p.nodeLabels, queriedAt, version), nil
+	return buildFromProm(series, times, p.nodeLabels, queriedAt, nowSeconds(), p.maxSkew, version), nil
 }
 
-// buildFromProm is metrics_source.PrometheusSource._build: unparsable values are skipped.
-func buildFromProm(series, times []promSample, nodeLabels []string, queriedAt float64, version uint64) *Snapshot {
+// validRange is the range each metric's values must lie in (percent, ratio, MiB); anything else, NaN included,
+// is a broken exporter.
+var validRange = map[string][2]float64{
+	metricGPUUtil:        {0, 100},
+	metricGREngineActive: {0, 1},
+	metricFBUsed:         {0, math.Inf(1)},
+	metricFBFree:         {0, math.Inf(1)},
+}
+
+// screenSamples is metrics_source.screen_samples: a value out of its metric's range makes the whole node's data
+// untrustworthy, so all its samples are dropped and the missing-metrics policy decides for it.
+func screenSamples(samples []Sample, nodeLabels []string) []Sample {
+	bad := map[string]bool{}
+	for _, s := range samples {
+		node := nodeNameOf(s.Labels, nodeLabels)
+		if node == "" {
+			continue
+		}
+		limits, ok := validRange[s.Name]
+		if !ok {
+			limits = [2]float64{math.Inf(-1), math.Inf(1)}
+		}
+		if !(limits[0] <= s.Value && s.Value <= limits[1]) {
+			bad[node] = true
+		}
+	}
+	if len(bad) == 0 {
+		return samples
+	}
+	kept := samples[:0:0]
+	for _, s := range samples {
+		if !bad[nodeNameOf(s.Labels, nodeLabels)] {
+			kept = append(kept, s)
+		}
+	}
+	return kept
+}
+
+// dropFutureNodes is metrics_source.drop_future_nodes: a sample dated beyond now + maxSkew would count as fresh
+// until then whatever metricsMaxAgeSeconds says; some clock is wrong, so the node counts as without metrics.
+func dropFutureNodes(s *Snapshot, now, maxSkew float64) {
+	order := s.Order[:0:0]
+	s.NewestSample = 0
+	for _, name := range s.Order {
+		metrics := s.Nodes[name]
+		if metrics.SampleTime > now+maxSkew {
+			delete(s.Nodes, name)
+			continue
+		}
+		order = append(order, name)
+		if metrics.SampleTime > s.NewestSample || s.NewestSample == 0 {
+			s.NewestSample = metrics.SampleTime
+		}
+	}
+	s.Order = order
+}
+
+// buildFromProm is metrics_source.PrometheusSource._build: unparsable values are skipped, nodes with values out
+// of range or dated beyond now + maxSkew are left out.
+func buildFromProm(series, times []promSample, nodeLabels []string, queriedAt, now, maxSkew float64, version uint64) *Snapshot {
 	samples := make([]Sample, 0, len(series))
 	for _, item := range series {
 		if v, ok := item.value(); ok {
@@ -137,7 +206,9 @@ func buildFromProm(series, times []promSample, nodeLabels []string, queriedAt fl
 			nodeTimes[node] = stamp
 		}
 	}
-	return BuildSnapshot(samples, nodeLabels, queriedAt, nodeTimes, version)
+	snapshot := BuildSnapshot(screenSamples(samples, nodeLabels), nodeLabels, queriedAt, nodeTimes, version)
+	dropFutureNodes(snapshot, now, maxSkew)
+	return snapshot
 }
 
 func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }

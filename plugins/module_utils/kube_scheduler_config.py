@@ -177,6 +177,7 @@ GPUSCORE_ARGS = frozenset(
         "weightMemUtil",
         "metricsRefreshSeconds",
         "metricsMaxAgeSeconds",
+        "metricsMaxClockSkewSeconds",
         "onMissingMetrics",
         "nodeNameLabels",
         "tenantLabel",

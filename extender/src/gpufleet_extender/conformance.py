@@ -60,6 +60,7 @@ ARG_NAMES = {
     "WEIGHT_MEM_UTIL": "weightMemUtil",
     "METRICS_REFRESH_SECONDS": "metricsRefreshSeconds",
     "METRICS_MAX_AGE_SECONDS": "metricsMaxAgeSeconds",
+    "METRICS_MAX_CLOCK_SKEW_SECONDS": "metricsMaxClockSkewSeconds",
     "ON_MISSING_METRICS": "onMissingMetrics",
     "NODE_NAME_LABELS": "nodeNameLabels",
     "TENANT_LABEL": "tenantLabel",
@@ -267,13 +268,12 @@ def _auto(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
 
 
 def _prometheus_value(rng: random.Random, metric: str) -> str:
-    roll = rng.random()
-    if roll < 0.04:
-        return rng.choice(["NaN", "+Inf", "-Inf"])
+    if rng.random() < 0.02:  # a broken exporter: the extender distrusts the whole node
+        return rng.choice(["NaN", "+Inf", "-Inf", "-1", "120" if metric == "DCGM_FI_DEV_GPU_UTIL" else "-0.5"])
     if metric == "DCGM_FI_DEV_GPU_UTIL":
-        return str(rng.choice([0, 100, rng.randint(0, 100), 120]))
+        return str(rng.choice([0, 100, rng.randint(0, 100)]))
     if metric == "DCGM_FI_PROF_GR_ENGINE_ACTIVE":
-        return repr(rng.choice([0.0, 1.0, rng.random(), round(rng.random(), 3), 1.2, -0.1]))
+        return repr(rng.choice([0.0, 1.0, rng.random(), round(rng.random(), 3)]))
     return str(rng.choice([0, rng.randint(0, 81559), 81559]))  # FB used/free, MiB
 
 
@@ -305,19 +305,24 @@ def _prometheus(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
         if rng.random() < 0.1:
             series.append({"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": "0"}, "value": [queried_at, "5"]})
         rng.shuffle(series)
+        # Sample times a little old, or ahead of the clock (some clock is wrong) by less or more than the skew allowed.
+        ages = [1, 7.5, 1, -3, -60]
         times = [
-            {"metric": {rng.choice(node_labels): node}, "value": [queried_at, repr(queried_at - rng.choice([1, 7.5]))]}
+            {"metric": {rng.choice(node_labels): node}, "value": [queried_at, repr(queried_at - rng.choice(ages))]}
             for node in nodes
             if rng.random() < 0.7
         ]
-        source = PrometheusSource("http://127.0.0.1:9", node_labels, 1.0)
+        now, max_skew = queried_at + 0.25, rng.choice([5.0, 5.0, 0.0, 2.0])
+        source = PrometheusSource("http://127.0.0.1:9", node_labels, 1.0, clock=lambda now=now: now, max_skew=max_skew)
         try:
-            snapshot = source._build(series, times, queried_at, 1)
+            snapshot, _ = source._build(series, times, queried_at, 1)
         finally:
             asyncio.run(source.aclose())
         yield {
             "nodeNameLabels": list(node_labels),
             "queriedAt": queried_at,
+            "now": now,
+            "maxClockSkewSeconds": max_skew,
             "series": series,
             "times": times,
             "expect": {"nodes": _encode_nodes(snapshot), "newestSample": snapshot.newest_sample},
@@ -365,6 +370,8 @@ def _args_cases(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
         {"metricsRefreshSeconds": 3600},
         {"metricsRefreshSeconds": 3601},
         {"metricsMaxAgeSeconds": -1},
+        {"metricsMaxClockSkewSeconds": -0.5},
+        {"metricsMaxClockSkewSeconds": 0},
         {"prometheusTimeoutSeconds": 60.5},
         {"inflightMaxSeconds": 0},
         {"autoHysteresis": 1.0},
@@ -409,7 +416,7 @@ def build(seed: int = SEED) -> dict[str, list[dict[str, Any]]]:
         "args": list(_with_validity(_args_cases(rng, 60))),
         "decisions": list(_decisions(rng, 250)),
         "auto": list(_auto(rng, 15)),
-        "prometheus": list(_prometheus(rng, 12)),
+        "prometheus": list(_prometheus(rng, 16)),
         "requests": list(_requests(rng, 60)),
     }
 
