@@ -187,14 +187,12 @@ func (g *GPUScore) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod
 	if g.verdict(s, node, false).Passed {
 		return nil
 	}
-	v := g.verdict(s, node, true)
-	switch {
-	case v.Outcome == OutcomeTenantMismatch:
+	v := g.verdict(s, node, true) // again, with the reason text: only failing nodes pay for it
+	if v.Outcome == OutcomeTenantMismatch {
 		// Preempting pods cannot move a node into another tenant's pool.
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, v.Reason)
-	default:
-		return fwk.NewStatus(fwk.Unschedulable, v.Reason)
 	}
+	return fwk.NewStatus(fwk.Unschedulable, v.Reason)
 }
 
 func (g *GPUScore) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
