@@ -33,10 +33,12 @@ func BenchmarkCycle(b *testing.B) {
 	for i, name := range names {
 		infos[i] = nodeInfo(name, nil)
 	}
-	pod := migPod("p", 1)
 	ctx := context.Background()
 	b.ResetTimer()
+	i := 0
 	for b.Loop() {
+		// A new pod each cycle, reserved on a node: in-flight accounting grows as in a burst.
+		pod := migPod(fmt.Sprintf("p%d", i), 1)
 		state := framework.NewCycleState()
 		g.PreFilter(ctx, state, pod, nil)
 		for _, info := range infos {
@@ -44,5 +46,7 @@ func BenchmarkCycle(b *testing.B) {
 				g.Score(ctx, state, pod, info)
 			}
 		}
+		g.Reserve(ctx, state, pod, names[i%nodes])
+		i++
 	}
 }

@@ -96,17 +96,36 @@ type NodeMetrics struct {
 	SampleTime float64 // newest sample, unix seconds
 	Devices    map[string][]Device
 	// ranked holds Devices least-loaded first for the policy given to Snapshot.Rank: sorting once per snapshot
-	// instead of once per pod and node keeps Filter and Score at a few comparisons per device.
-	ranked map[string][]Device
+	// instead of once per pod and node keeps Filter and Score at a few comparisons per device. A node has one to
+	// three resources: a short list searched in order is cheaper than a map on this path.
+	ranked []rankedResource
+}
+
+type rankedResource struct {
+	resource string
+	devices  []Device
+}
+
+// rankedDevices is the resource's devices least-loaded first.
+func (m *NodeMetrics) rankedDevices(resource string, p *Policy) []Device {
+	if m.ranked == nil {
+		return byLoad(m.Devices[resource], p)
+	}
+	for i := range m.ranked {
+		if m.ranked[i].resource == resource {
+			return m.ranked[i].devices
+		}
+	}
+	return nil
 }
 
 // Rank orders every node's devices by load under p once, before the snapshot is published; a snapshot is
 // then read-only, so the scheduler's parallel Filter and Score calls share the result without locks.
 func (s *Snapshot) Rank(p *Policy) {
 	for _, metrics := range s.Nodes {
-		metrics.ranked = make(map[string][]Device, len(metrics.Devices))
+		metrics.ranked = make([]rankedResource, 0, len(metrics.Devices))
 		for resource, devices := range metrics.Devices {
-			metrics.ranked[resource] = byLoad(devices, p)
+			metrics.ranked = append(metrics.ranked, rankedResource{resource, byLoad(devices, p)})
 		}
 	}
 }
@@ -318,15 +337,11 @@ func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, 
 	var verdict *Verdict
 	for _, want := range request {
 		var part Verdict
-		devices := metrics.Devices[want.Resource]
-		if len(devices) == 0 {
+		ranked := metrics.rankedDevices(want.Resource, p)
+		if len(ranked) == 0 {
 			why := func() string { return fmt.Sprintf("no %s %s in the metrics", want.Resource, deviceWord(want.Resource)) }
 			part = missing(node, why, p, reasons)
 		} else {
-			ranked, ok := metrics.ranked[want.Resource]
-			if !ok {
-				ranked = byLoad(devices, p)
-			}
 			part = evaluateResource(node, ranked, want, p, assumed[want.Resource], p.modeFor(want.Resource, modes), reasons)
 		}
 		if !part.Passed {
