@@ -7,6 +7,7 @@ package gpuscore
 // or until inflightMaxSeconds passed (a pod stuck pulling its image must not block a node for ever).
 
 import (
+	"maps"
 	"math"
 	"sync"
 
@@ -49,8 +50,26 @@ func (f *Inflight) Reserve(uid types.UID, node string, request []ResourceRequest
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	_, replaced := f.pods[uid]
 	f.pods[uid] = boundPod{node: node, request: request, boundAt: now, reserved: true}
+	cached := f.cacheVersion == f.version && !replaced && now < f.cacheUntil
 	f.version++
+	if cached {
+		// A burst reserves a pod per cycle: add it to the last answer instead of recounting every pod. Copy on
+		// write, since earlier cycles may still read the old maps. A pod just reserved runs nowhere yet, so no
+		// sample covers it, and it expires after everything counted before it.
+		assumed := maps.Clone(f.cache)
+		perResource := maps.Clone(assumed[node])
+		if perResource == nil {
+			perResource = map[string]int{}
+		}
+		for _, want := range request {
+			perResource[want.Resource] += want.Count
+		}
+		assumed[node] = perResource
+		f.cache, f.cacheVersion = assumed, f.version
+		f.cacheUntil = min(f.cacheUntil, now+f.maxSeconds)
+	}
 }
 
 // Unreserve forgets a reservation that did not end in a binding; a pod already seen bound stays.
@@ -73,11 +92,15 @@ func (f *Inflight) Observe(pod *v1.Pod, deleted bool, seenAt float64) {
 	defer f.mu.Unlock()
 	current, known := f.pods[pod.UID]
 	switch {
+	case record != nil && known && sameContribution(current, *record):
+		// The same devices, expiring no later (the binding's PodScheduled time is at or before Reserve's): the
+		// last answer stays right, only until when it holds may shrink. Keeps a burst's bindings from forcing a
+		// recount of every pod in each cycle.
+		f.pods[pod.UID] = *record
+		f.cacheUntil = min(f.cacheUntil, record.boundAt+f.maxSeconds)
 	case record != nil:
-		if !known || current.reserved || !sameRecord(current, *record) {
-			f.pods[pod.UID] = *record
-			f.version++
-		}
+		f.pods[pod.UID] = *record
+		f.version++
 	case known && (deleted || !current.reserved || terminal(pod)):
 		delete(f.pods, pod.UID)
 		f.version++
@@ -88,8 +111,9 @@ func terminal(pod *v1.Pod) bool {
 	return pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed
 }
 
-func sameRecord(a, b boundPod) bool {
-	if a.node != b.node || a.boundAt != b.boundAt || a.runningSince != b.runningSince || len(a.request) != len(b.request) {
+// sameContribution: b counts exactly where and as long as a did, or less long.
+func sameContribution(a, b boundPod) bool {
+	if a.node != b.node || b.boundAt > a.boundAt || a.runningSince != b.runningSince || len(a.request) != len(b.request) {
 		return false
 	}
 	for i := range a.request {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -316,5 +317,40 @@ func TestPrometheusSourceQueriesAndParses(t *testing.T) {
 	if _, err := NewPrometheusSource(failing.URL, []string{"Hostname"}, time.Second, 5).Fetch(context.Background(), 1); err == nil ||
 		!strings.Contains(err.Error(), "Prometheus query failed (HTTP 400): parse error") {
 		t.Errorf("failing Prometheus: %v", err)
+	}
+}
+
+func TestInflightIncrementalAnswersEqualARecount(t *testing.T) {
+	now := 1000.0
+	snapshot := fleet(now, map[string][]float64{"a": {0.1}, "b": {0.1}})
+	f := NewInflight(120)
+	recount := func(at float64) map[string]map[string]int {
+		f.mu.Lock()
+		f.version++ // forget the cached answer
+		f.mu.Unlock()
+		return f.Assumed(snapshot, at)
+	}
+	for i := 0; i < 12; i++ {
+		at := now + float64(i)
+		f.Assumed(snapshot, at) // each cycle reads, then reserves
+		pod := migPod(fmt.Sprintf("p%d", i), int64(1+i%2))
+		node := []string{"a", "b"}[i%2]
+		f.Reserve(pod.UID, node, PodGPURequest(pod), at)
+		if i%3 == 0 { // the binding shows up in the informer, dated at or before Reserve
+			bound := pod.DeepCopy()
+			bound.Spec.NodeName = node
+			bound.Status.Conditions = []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionTrue,
+				LastTransitionTime: metav1.NewTime(time.Unix(int64(at)-1, 0))}}
+			f.Observe(bound, false, at)
+		}
+		got := f.Assumed(snapshot, at)
+		if want := recount(at); !reflect.DeepEqual(got, want) {
+			t.Fatalf("after pod %d: incremental %v, recount %v", i, got, want)
+		}
+	}
+	// Past the first pod's expiry the answer must change (the observed binding moved its expiry earlier).
+	later := now + 120
+	if got, want := f.Assumed(snapshot, later), recount(later); !reflect.DeepEqual(got, want) {
+		t.Fatalf("at expiry: %v, recount %v", got, want)
 	}
 }
