@@ -7,6 +7,7 @@ import os
 
 from fastapi.testclient import TestClient
 
+from gpufleet_extender import app as app_module
 from gpufleet_extender import metrics_source
 from gpufleet_extender.app import create_app
 from gpufleet_extender.config import load_settings
@@ -63,10 +64,11 @@ class SlowSource:
         return snapshot_of(self._snapshot.nodes, self._snapshot.taken_at, version)
 
 
-def test_probes_answer_while_the_first_snapshot_loads(tmp_path):
+def test_probes_answer_while_the_first_snapshot_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(app_module, "FIRST_SNAPSHOT_WAIT_SECONDS", 0.05)  # production's: serve while it loads
     path = write_metrics(tmp_path / "dcgm.prom", fleet(2), timestamp_ms=NOW * 1000)
     settings = load_settings(METRICS_SOURCE="file", METRICS_FILE=str(path), KUBE_API="off", METRICS_MAX_AGE_SECONDS=0)
-    source = SlowSource(load_file(path, ("Hostname",), NOW, NOW, 1))
+    source = SlowSource(load_file(path, ("Hostname",), NOW, NOW, 1)[0])
     with TestClient(create_app(settings, source=source)) as client:
         assert client.get("/healthz").status_code == 200
         loading = client.get("/readyz")

@@ -6,6 +6,7 @@ reports the new allocatable only some seconds later, as a real kubelet does once
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from conftest import FakeKubelet, ensure_namespace, wait_for
@@ -46,23 +47,28 @@ def plugin_pods(core, node: str) -> list:
 def test_refresh_waits_for_the_late_allocatable(control_plane, core, plugin_node, tmp_path):
     node, kubelet = plugin_node
 
-    # The new plugin registers some seconds after the old pod is gone (longer than kubernetes.core's 5 s wait
-    # for the deletion): the role must still be polling then.
+    # The new plugin registers some seconds after the old pod is gone: well after kubernetes.core's wait for the
+    # deletion (it polls every 5 s) and the next task's start, so the role must be polling by then.
+    registered_at = []
+
     def new_plugin_registers():
         wait_for(lambda: not plugin_pods(core, node), what="the plugin pod's deletion")
-        threading.Event().wait(8)
+        threading.Event().wait(15)
         kubelet.set_allocatable(node, SEVEN_SMALL_RESOURCES)
+        registered_at.append(time.monotonic())
 
     late = threading.Thread(target=new_plugin_registers)
     late.start()
-    result = run_refresh(tmp_path, control_plane.kubeconfig, NAMESPACE, {node: True}, {node: SEVEN_SMALL}, retries=15)
+    result = run_refresh(tmp_path, control_plane.kubeconfig, NAMESPACE, {node: True}, {node: SEVEN_SMALL}, retries=40)
+    finished_at = time.monotonic()
     late.join()
 
     assert result.returncode == 0, result.stdout[-4000:]
     assert plugin_pods(core, node) == []
     allocatable = core.read_node(node).status.allocatable
     assert allocatable["nvidia.com/mig-1g.10gb"] == "7"
-    # It polled more than once: the first reads still saw the whole GPU.
+    # It was still waiting when the allocatable changed, and had polled before: the first reads saw the whole GPU.
+    assert registered_at and finished_at > registered_at[0]
     assert result.stdout.count("FAILED - RETRYING: [localhost]: Poll the node's allocatable") >= 1, result.stdout
 
 
