@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test bench-mig bench-extender bench-scheduler lint sanity pytest integration k8s-assets molecule molecule-images system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test bench-mig bench-extender bench-scheduler lint sanity pytest integration k8s-assets go-test molecule molecule-images system-deps build clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
@@ -51,7 +51,7 @@ lab-reset:
 	rm -rf $(LAB_DIR)
 
 # --- the suite ---------------------------------------------------------------------------------------------
-test: venv collection-link lint build pytest integration bench-mig sanity molecule
+test: venv collection-link lint build pytest go-test integration bench-mig sanity molecule
 	@echo "make test: all checks passed"
 
 lint: venv collection-link
@@ -79,6 +79,12 @@ export KUBE_ASSETS
 
 k8s-assets:
 	k8s/build.sh $(CURDIR)/build/k8s/bin
+
+# The GPUScore plugin (k8s/gpuscore): gofmt, go vet, and go test, which checks every decision vector that
+# extender/tests/test_conformance.py regenerates from scoring.py.
+go-test:
+	cd k8s && unformatted=$$(gofmt -l .) && { [ -z "$$unformatted" ] || { echo "gofmt needed: $$unformatted"; exit 1; }; }
+	cd k8s && GOTOOLCHAIN=local CGO_ENABLED=0 go vet ./... && GOTOOLCHAIN=local CGO_ENABLED=0 go test ./...
 
 # Roles, playbooks and the extender against a real etcd + kube-apiserver + controller-manager + kube-scheduler on
 # 127.0.0.1. A missing binary fails here (GPUFLEET_REQUIRE_K8S); plain `pytest` skips these tests with one line.
