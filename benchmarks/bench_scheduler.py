@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What the GPU-load-aware extender costs the real kube-scheduler: pods bound per second without it, with it
 (in production mode: KUBE_API on, so in-flight accounting and tenant pools watch the real apiserver), and with the
-GPUScore plugin in gpufleet-scheduler when that binary is there, side by side in one run.
+GPUScore plugin in gpufleet-scheduler when that binary is there (reading a real Prometheus, Debian's package,
+that scrapes the same dcgm-exporter data the extender reads from its file), side by side in one run.
 
     python3 benchmarks/bench_scheduler.py [--nodes 1000] [--pods 1000] [--modes bare,extender,plugin]
     make bench-scheduler [NODES=1000] [PODS=1000]
@@ -37,6 +38,7 @@ from kubernetes import config as k8s_config  # noqa: E402
 from scheduling import (  # noqa: E402
     MIG_RESOURCE,
     BindingWatch,
+    MetricsEndpoint,
     create_nodes,
     create_pods,
     gpu_pod,
@@ -50,7 +52,9 @@ INSTANCES_PER_NODE = 24
 MODES = ("bare", "extender", "plugin")
 
 
-def scheduler_config(mode: str, workdir: Path, extender_url: str | None) -> tuple[dict, str]:
+def scheduler_config(
+    mode: str, workdir: Path, extender_url: str | None, prometheus_url: str | None
+) -> tuple[dict, str]:
     """(KubeSchedulerConfiguration, binary) for a mode; its one profile is named bench-<mode>."""
     if mode == "bare":
         config = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}
@@ -59,7 +63,9 @@ def scheduler_config(mode: str, workdir: Path, extender_url: str | None) -> tupl
         config = rendered_scheduler_config(workdir / "render-extender", kube_scheduler_extender_url_prefix=extender_url)
         binary = "kube-scheduler"
     else:
-        config = rendered_scheduler_config(workdir / "render-plugin", kube_scheduler_mode="plugin")
+        config = rendered_scheduler_config(
+            workdir / "render-plugin", kube_scheduler_mode="plugin", gpu_extender_prometheus_url=prometheus_url
+        )
         binary = "gpufleet-scheduler"
     config.setdefault("profiles", [{}])[0]["schedulerName"] = f"bench-{mode}"
     return config, binary
@@ -84,14 +90,14 @@ def print_handler_times(before: dict, after: dict) -> None:
             print(f"  extender  {verb:10s} {calls:>6} calls, mean handler time {spent / calls * 1000:.3f} ms")
 
 
-def run_mode(plane, core, mode: str, pods: int, workdir: Path, extender_url: str | None) -> float:
+def run_mode(plane, core, mode: str, pods: int, workdir: Path, urls: dict[str, str | None]) -> float:
     namespace = f"bench-{mode}"
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
     # The default ServiceAccount is created by the controller-manager, which does not run here.
     core.create_namespaced_service_account(namespace, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name="default")))
     create_pods(core, namespace, [gpu_pod(f"p{i}", f"bench-{mode}", {MIG_RESOURCE: "1"}) for i in range(pods)])
     bindings = BindingWatch(core, namespace)
-    config, binary = scheduler_config(mode, workdir, extender_url)
+    config, binary = scheduler_config(mode, workdir, urls.get("extender"), urls.get("prometheus"))
     name = plane.start_scheduler(config, binary=binary, name=f"scheduler-{mode}")
     started = time.monotonic()
     complete = bindings.wait(pods, timeout=max(120, pods))
@@ -139,6 +145,11 @@ def main() -> int:
         metrics = write_mig_metrics(workdir / "dcgm.prom", loads)
 
         extender = url = None
+        prometheus = MetricsEndpoint(metrics, workdir) if "plugin" in modes else None
+        if prometheus and not Path(prometheus.prometheus_binary).exists():
+            print("bench-scheduler: no Prometheus (Debian package 'prometheus') for the plugin: plugin mode left out.")
+            modes.remove("plugin")
+            prometheus = None
         if "extender" in modes:
             env = {
                 "METRICS_SOURCE": "file",
@@ -148,15 +159,19 @@ def main() -> int:
             }
             extender, url = start_extender(workdir, env)
         try:
+            prometheus_url = prometheus.__enter__() if prometheus else None
             rates = {}
             for mode in modes:
                 before = handler_times(url) if mode == "extender" else {}
-                rates[mode] = run_mode(plane, core, mode, args.pods, workdir, url)
+                urls = {"extender": url, "prometheus": prometheus_url}
+                rates[mode] = run_mode(plane, core, mode, args.pods, workdir, urls)
                 if mode == "extender":
                     print_handler_times(before, handler_times(url))
         finally:
             if extender:
                 stop_process(extender)
+            if prometheus:
+                prometheus.__exit__()
     if rates.get("bare"):
         for mode in ("extender", "plugin"):
             if rates.get(mode):

@@ -124,6 +124,71 @@ def write_mig_metrics(path: Path, loads: dict[str, list[float]], profile: str = 
     return path
 
 
+class MetricsEndpoint:
+    """Serves a dcgm-exporter file at http://127.0.0.1:<port>/metrics, as the exporter would, and a real Prometheus
+    (Debian's package) scraping it every second: what the GPUScore plugin queries."""
+
+    def __init__(self, metrics_file: Path, workdir: Path, prometheus: str = "/usr/bin/prometheus"):
+        self.metrics_file, self.workdir, self.prometheus_binary = metrics_file, workdir, prometheus
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> str:
+        import http.server
+
+        path = self.metrics_file
+
+        class Exporter(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                payload = path.read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.exporter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+        threading.Thread(target=self.exporter.serve_forever, daemon=True).start()
+        port = free_port()
+        config = self.workdir / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+            "scrape_configs:\n  - job_name: dcgm-exporter\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{self.exporter.server_address[1]}']}}]\n"
+        )
+        log = (self.workdir / "prometheus.log").open("w")
+        self.process = subprocess.Popen(
+            [
+                self.prometheus_binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                answer = httpx.get(f"{url}/api/v1/query", params={"query": "count(DCGM_FI_PROF_GR_ENGINE_ACTIVE)"})
+                if answer.status_code == 200 and answer.json()["data"]["result"]:
+                    return url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        raise RuntimeError(f"Prometheus did not scrape the metrics in 120 s: see {log.name}")
+
+    def __exit__(self, *exc) -> None:
+        if self.process:
+            stop_process(self.process)
+        self.exporter.shutdown()
+        self.exporter.server_close()
+
+
 def start_extender(workdir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     """The bundled extender (`gpufleet-extender serve`) on a free 127.0.0.1 port; returns it once /readyz answers."""
     port = free_port()
