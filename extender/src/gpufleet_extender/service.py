@@ -15,10 +15,10 @@ import asyncio
 import heapq
 import math
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterable
 from itertools import compress
-from operator import not_
+from operator import attrgetter, not_
 
 from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import Settings
@@ -44,6 +44,8 @@ MAX_SHAPES = 128  # decision tables kept, least recently used dropped first
 WARM_SHAPES = 8  # tables filled in the background after a new snapshot; others fill on demand
 _WARM_CHUNK = 256  # nodes evaluated between two yields to the event loop while warming
 _NO_TENANT = object()
+_outcome_of = attrgetter("outcome")
+_reason_of = attrgetter("reason")
 
 
 class _ByName(dict):
@@ -357,12 +359,16 @@ class Extender:
                 outcomes[Outcome.MISSING_ALLOWED] = missing_passed
             if codes.count(DecisionTable.FAILED):
                 passed = list(compress(range(len(names)), codes))
-                for name in compress(names, map(not_, codes)):
-                    verdict = table.verdict(name)
-                    outcomes[verdict.outcome] = outcomes.get(verdict.outcome, 0) + 1
-                    # Preempting pods cannot move a node into another tenant's pool.
-                    target = unresolvable if verdict.outcome is Outcome.TENANT_MISMATCH else failed
-                    target[name] = verdict.reason
+                # C-level passes over the failing nodes: with tenant pools, half a fleet can fail here.
+                failing = list(compress(names, map(not_, codes)))
+                verdicts = list(map(table.verdicts.__getitem__, failing))
+                failing_outcomes = list(map(_outcome_of, verdicts))
+                outcomes.update(Counter(failing_outcomes))
+                reasons = list(zip(failing, map(_reason_of, verdicts), strict=True))
+                # Preempting pods cannot move a node into another tenant's pool.
+                refused_by_pool = list(map(Outcome.TENANT_MISMATCH.__eq__, failing_outcomes))
+                unresolvable = dict(compress(reasons, refused_by_pool))
+                failed = dict(compress(reasons, map(not_, refused_by_pool)))
             if request.nodes.full:
                 candidates = range(len(names)) if passed is None else passed
                 tenant_failures = self._full_form_tenant_failures(request, candidates)
