@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 from gpufleet_extender.snapshot import NodeMetrics, NodeRow, node_from_row, node_row
 
@@ -50,6 +51,7 @@ class ParseWorker:
 
     def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
+        self._busy = False
         # The rows of the last load and their objects: unchanged nodes keep their NodeMetrics object.
         self._kept: dict[str, tuple[NodeRow, NodeMetrics]] = {}
 
@@ -62,12 +64,19 @@ class ParseWorker:
                 initargs=(os.getpid(),),
             )
         loop = asyncio.get_running_loop()
-        chunks = await loop.run_in_executor(self._pool, load_rows, path, node_labels, mtime)
+        self._busy = True
+        try:
+            chunks = await loop.run_in_executor(self._pool, load_rows, path, node_labels, mtime)
+        except BrokenProcessPool:
+            self._pool = None  # the worker died (killed, out of memory): the next load starts a new one
+            raise
+        finally:
+            self._busy = False
         kept = self._kept
         fresh: dict[str, tuple[NodeRow, NodeMetrics]] = {}
         for chunk in chunks:
             for row in pickle.loads(chunk):
-                before = kept.get(row[0])
+                before = kept.pop(row[0], None)  # the old rows go a chunk at a time, not all at once at the end
                 fresh[row[0]] = (row, before[1] if before is not None and before[0] == row else node_from_row(row))
             await asyncio.sleep(0)  # let requests in between chunks
         self._kept = fresh
@@ -75,7 +84,8 @@ class ParseWorker:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            # Idle: wait for a clean exit. Mid-parse: do not wait; the worker ends when it sees its parent gone.
+            self._pool.shutdown(wait=not self._busy, cancel_futures=True)
             self._pool = None
 
 
