@@ -42,7 +42,7 @@ from gpufleet_extender.wire import HostPriority, SchedulingRequest, decode_args,
 
 MAX_SHAPES = 128  # decision tables kept, least recently used dropped first
 WARM_SHAPES = 8  # tables filled in the background after a new snapshot; others fill on demand
-_WARM_CHUNK = 256  # nodes evaluated between two yields to the event loop while warming
+_WARM_CHUNK = 128  # nodes evaluated between two yields to the event loop while warming
 _NO_TENANT = object()
 _outcome_of = attrgetter("outcome")
 _reason_of = attrgetter("reason")
