@@ -25,7 +25,7 @@ from typing import Protocol
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet_extender.parse_worker import ParseWorker
+from gpufleet_extender.parse_worker import ParseWorker, WorkerUnavailable
 from gpufleet_extender.snapshot import (
     DCGM_METRICS,
     EMPTY_SNAPSHOT,
@@ -96,10 +96,14 @@ class FileSource:
         signature = (stat.st_mtime_ns, stat.st_size)
         if signature == self._seen:
             return None
-        if stat.st_size >= WORKER_MIN_BYTES:
-            nodes = await self._worker.load(str(self.path), self._node_labels, stat.st_mtime)
-            snapshot = snapshot_of(nodes, taken_at=self._clock(), version=version)
-        else:  # small: a thread is quicker than a round trip to the worker
+        snapshot = None
+        if stat.st_size >= WORKER_MIN_BYTES and self._worker.usable:
+            try:
+                nodes = await self._worker.load(str(self.path), self._node_labels, stat.st_mtime)
+                snapshot = snapshot_of(nodes, taken_at=self._clock(), version=version)
+            except WorkerUnavailable as exc:
+                log.warning("%s: parsing METRICS_FILE in a thread, requests will wait on it", exc)
+        if snapshot is None:  # small: a thread is quicker than a round trip to the worker
             snapshot = await asyncio.to_thread(self._load, stat.st_mtime, version)
         self._seen = signature
         self._previous = snapshot

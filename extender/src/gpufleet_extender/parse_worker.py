@@ -47,27 +47,37 @@ def _exit_with(parent: int) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+class WorkerUnavailable(RuntimeError):
+    """No worker process can be started here (no /dev/shm, process limits): parse in a thread instead."""
+
+
 class ParseWorker:
     """One worker process, started on first use (spawned: the parent runs watch threads, fork is unsafe)."""
 
     def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
         self._busy = False
+        self.usable = True
         # The rows of the last load and their objects: unchanged nodes keep their NodeMetrics object.
         self._kept: dict[str, tuple[NodeRow, NodeMetrics]] = {}
 
     async def load(self, path: str, node_labels: tuple[str, ...], mtime: float) -> dict[str, NodeMetrics]:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                max_workers=1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_exit_with,
-                initargs=(os.getpid(),),
-            )
         loop = asyncio.get_running_loop()
         self._busy = True
         try:
-            chunks = await loop.run_in_executor(self._pool, load_rows, path, node_labels, mtime)
+            try:
+                if self._pool is None:
+                    self._pool = ProcessPoolExecutor(
+                        max_workers=1,
+                        mp_context=multiprocessing.get_context("spawn"),
+                        initializer=_exit_with,
+                        initargs=(os.getpid(),),
+                    )
+                future = loop.run_in_executor(self._pool, load_rows, path, node_labels, mtime)
+            except OSError as exc:  # semaphores or the process itself could not be created
+                self.usable = False
+                raise WorkerUnavailable(f"cannot start a parse worker process ({exc})") from exc
+            chunks = await future
         except BrokenProcessPool:
             self._pool = None  # the worker died (killed, out of memory): the next load starts a new one
             raise
