@@ -516,7 +516,15 @@ def main() -> int:
         sections -= {"http", "reload", "startup", "asgi"}
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-") as tmp:
         metrics_file = Path(tmp) / "dcgm.prom"
-        largest = max([*sizes, args.binding_nodes, args.shape_nodes])
+        needed = {
+            "inproc": max(sizes),
+            "http": max(sizes),
+            "startup": max(sizes),
+            "binding": args.binding_nodes,
+            "asgi": args.binding_nodes,
+            "shapes": args.shape_nodes,
+        }
+        largest = max([needed.get(section, 1000) for section in sections] or [1000])
         started = time.perf_counter()
         metrics_file.write_text(metrics_text(largest))
         settings = load_settings(
