@@ -69,12 +69,13 @@ def load_file(
     """Read and parse a METRICS_FILE into a snapshot (raises MetricsSourceError)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
-        samples = list(parse_exposition(text))
+        # Streamed into the snapshot: a million parsed samples at once would take gigabytes.
+        samples = parse_exposition(text)
+        return build_snapshot(samples, node_labels, default_time=default_time, taken_at=taken_at, version=version)
     except OSError as exc:
         raise MetricsSourceError(f"cannot read METRICS_FILE {path}: {exc.strerror}") from None
     except ValueError as exc:  # the parser's way of saying the text is not an exposition
         raise MetricsSourceError(f"METRICS_FILE {path} is not Prometheus text format: {exc}") from None
-    return build_snapshot(samples, node_labels, default_time=default_time, taken_at=taken_at, version=version)
 
 
 class FileSource:
