@@ -319,14 +319,15 @@ def while_binding(snapshot: MetricsSnapshot, nodes: int, cycles: int) -> None:
     }
     floor = {verb: time_calls(floor_of(getattr(plain, verb), [the_body]), [the_body], 200) for verb in baseline}
     print(
-        f"{'verb':11} {'calls':>6} {'mean ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}  "
+        f"{'verb':11} {'calls':>6} {'mean ms':>8} {'min ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}  "
         f"{'KUBE_API=off mean':>17} {'ratio':>6} {'JSON floor':>10}"
     )
     for verb, timings in times.items():
         if not timings:
             continue
         p50, p99 = percentiles(timings)
-        line = f"{verb:11} {len(timings):6d} {ms(statistics.mean(timings))} {ms(p50)} {ms(p99)} {ms(max(timings))}  "
+        line = f"{verb:11} {len(timings):6d} {ms(statistics.mean(timings))} {ms(min(timings))} {ms(p50)} {ms(p99)} "
+        line += f"{ms(max(timings))}  "
         if verb in baseline:
             base = statistics.mean(baseline[verb])
             line += f"{ms(base):>17} {statistics.mean(timings) / base:6.2f} {ms(statistics.mean(floor[verb])):>10}"
