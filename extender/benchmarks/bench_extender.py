@@ -1,7 +1,9 @@
 """Benchmark of the extender's verbs: in process and over HTTP against the real server, with the floor.
 
-    .venv/bin/python extender/benchmarks/bench_extender.py            # 500 and 5,000 nodes
+    .venv/bin/python extender/benchmarks/bench_extender.py            # everything, 15-20 minutes on 2 cores
     .venv/bin/python extender/benchmarks/bench_extender.py --nodes 20,1000 --quick
+    .venv/bin/python extender/benchmarks/bench_extender.py --sections binding,shapes --shape-nodes 1000
+    .venv/bin/python extender/benchmarks/bench_extender.py --sections reload --reload-lines 200000
 
 Bodies are shaped like kube-scheduler's: a real Pod, and either NodeNames (nodeCacheCapable: true) or the
 full Node objects (false). The floor, measured in the same run on the same bodies, is orjson decoding the
