@@ -36,8 +36,10 @@ def load_rows(path: str, node_labels: tuple[str, ...], mtime: float) -> list[byt
     ]
 
 
-def _exit_with(parent: int) -> None:
-    """Worker initializer: end when the server process is gone, however it ended (kill -9 included)."""
+def _worker_init(parent: int) -> None:
+    """Worker initializer: yield the CPU to request handling, and end when the server process is gone however
+    it ended (kill -9 included)."""
+    os.nice(10)  # parsing is background work: on a busy node the server's event loop comes first
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -70,7 +72,7 @@ class ParseWorker:
                     self._pool = ProcessPoolExecutor(
                         max_workers=1,
                         mp_context=multiprocessing.get_context("spawn"),
-                        initializer=_exit_with,
+                        initializer=_worker_init,
                         initargs=(os.getpid(),),
                     )
                 future = loop.run_in_executor(self._pool, load_rows, path, node_labels, mtime)
