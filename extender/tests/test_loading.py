@@ -80,3 +80,16 @@ def test_probes_answer_while_the_first_snapshot_loads(tmp_path, monkeypatch):
             client.portal.call(asyncio.sleep, 0.02)
         ready = client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["loading"] is False
+
+
+def test_without_a_worker_process_large_files_parse_in_a_thread(tmp_path, monkeypatch):
+    from gpufleet_extender import parse_worker
+
+    def no_processes(*args, **kwargs):
+        raise OSError(38, "Function not implemented")  # e.g. no /dev/shm for the pool's semaphores
+
+    monkeypatch.setattr(parse_worker, "ProcessPoolExecutor", no_processes)
+    path = write_metrics(tmp_path / "dcgm.prom", fleet(300), timestamp_ms=NOW * 1000)
+    source = FileSource(path, ("Hostname",))
+    snapshot = asyncio.run(source.fetch(1))
+    assert len(snapshot.nodes) == 300 and not source._worker.usable

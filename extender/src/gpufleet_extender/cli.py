@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -20,6 +21,10 @@ from gpufleet_extender.config import CONFIG_FILE_ENV, SettingsError, get_setting
 COMMAND_MODULES = {"simulate": "gpufleet_extender.simulate.cli"}
 
 EXIT_BAD_SETTINGS = 2
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -43,8 +48,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         access_log=args.access_log,
-        http=args.http,
-        loop=args.loop,
+        http=args.http or ("httptools" if _installed("httptools") else "h11"),
+        loop=args.loop or ("uvloop" if _installed("uvloop") else "asyncio"),
     )
     return 0
 
@@ -57,8 +62,8 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--access-log", action="store_true", help="log every request (off: the verbs are hot)")
     # kube-scheduler waits on every call: the C HTTP parser and event loop take a good part off each request.
-    serve.add_argument("--http", default="httptools", choices=["httptools", "h11"], help="default: %(default)s")
-    serve.add_argument("--loop", default="uvloop", choices=["uvloop", "asyncio"], help="default: %(default)s")
+    serve.add_argument("--http", choices=["httptools", "h11"], help="default: httptools when installed, else h11")
+    serve.add_argument("--loop", choices=["uvloop", "asyncio"], help="default: uvloop when installed, else asyncio")
     serve.set_defaults(handler=_serve)
 
 

@@ -35,7 +35,7 @@ from typing import Protocol
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet_extender.parse_worker import ParseWorker
+from gpufleet_extender.parse_worker import ParseWorker, WorkerUnavailable
 from gpufleet_extender.snapshot import (
     DCGM_METRICS,
     EMPTY_SNAPSHOT,
@@ -196,15 +196,14 @@ def load_file(
 ) -> tuple[MetricsSnapshot, FetchReport]:
     """Read, parse and screen a METRICS_FILE into a snapshot and what was wrong in it (raises MetricsSourceError).
     Runs in this process (small files) or in the parse worker (large ones)."""
+    report = FetchReport()
     try:
         text = Path(path).read_text(encoding="utf-8")
-        samples = list(parse_exposition(text))
+        samples = screen_samples(parse_exposition(text), node_labels, report)
     except OSError as exc:
         raise MetricsSourceError(f"cannot read METRICS_FILE {path}: {exc.strerror}") from None
     except ValueError as exc:  # the parser's way of saying the text is not an exposition (or not UTF-8)
         raise MetricsSourceError(f"METRICS_FILE {path} is not Prometheus text format: {exc}") from None
-    report = FetchReport()
-    samples = screen_samples(samples, node_labels, report)
     snapshot = build_snapshot(samples, node_labels, default_time=default_time, taken_at=taken_at, version=version)
     return snapshot, report
 
@@ -239,10 +238,14 @@ class FileSource:
         signature = (stat.st_mtime_ns, stat.st_size)
         if signature == self._seen:
             return None
-        if stat.st_size >= WORKER_MIN_BYTES:
-            nodes, report = await self._worker.load(str(self.path), self._node_labels, stat.st_mtime)
-            snapshot = snapshot_of(nodes, taken_at=self._clock(), version=version)
-        else:  # small: a thread is quicker than a round trip to the worker
+        snapshot = None
+        if stat.st_size >= WORKER_MIN_BYTES and self._worker.usable:
+            try:
+                nodes, report = await self._worker.load(str(self.path), self._node_labels, stat.st_mtime)
+                snapshot = snapshot_of(nodes, taken_at=self._clock(), version=version)
+            except WorkerUnavailable as exc:
+                log.warning("%s: parsing METRICS_FILE in a thread, requests will wait on it", exc)
+        if snapshot is None:  # small: a thread is quicker than a round trip to the worker
             snapshot, report = await asyncio.to_thread(self._load, stat.st_mtime, version)
         snapshot = drop_future_nodes(snapshot, self._clock(), self._max_skew, report)
         self._seen = signature

@@ -9,6 +9,7 @@ turns one chunk at a time into NodeMetrics and yields between chunks, so request
 from __future__ import annotations
 
 import asyncio
+import gc
 import multiprocessing
 import os
 import pickle
@@ -16,6 +17,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
 from gpufleet_extender.snapshot import NodeMetrics, NodeRow, node_from_row, node_row
@@ -23,7 +25,7 @@ from gpufleet_extender.snapshot import NodeMetrics, NodeRow, node_from_row, node
 if TYPE_CHECKING:  # the worker imports metrics_source (and its parser) only when it parses
     from gpufleet_extender.metrics_source import FetchReport
 
-CHUNK_NODES = 100  # nodes per chunk: about a millisecond of object building on the event loop
+CHUNK_NODES = 50  # nodes per chunk: well under a millisecond of object building on the event loop
 
 
 def load_rows(path: str, node_labels: tuple[str, ...], mtime: float) -> tuple[list[bytes], FetchReport]:
@@ -40,8 +42,10 @@ def load_rows(path: str, node_labels: tuple[str, ...], mtime: float) -> tuple[li
     return chunks, report
 
 
-def _exit_with(parent: int) -> None:
-    """Worker initializer: end when the server process is gone, however it ended (kill -9 included)."""
+def _worker_init(parent: int) -> None:
+    """Worker initializer: yield the CPU to request handling, and end when the server process is gone however
+    it ended (kill -9 included)."""
+    os.nice(10)  # parsing is background work: on a busy node the server's event loop comes first
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -51,39 +55,62 @@ def _exit_with(parent: int) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+class WorkerUnavailable(RuntimeError):
+    """No worker process can be started here (no /dev/shm, process limits): parse in a thread instead."""
+
+
 class ParseWorker:
     """One worker process, started on first use (spawned: the parent runs watch threads, fork is unsafe)."""
 
     def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
+        self._busy = False
+        self.usable = True
         # The rows of the last load and their objects: unchanged nodes keep their NodeMetrics object.
         self._kept: dict[str, tuple[NodeRow, NodeMetrics]] = {}
 
     async def load(
         self, path: str, node_labels: tuple[str, ...], mtime: float
     ) -> tuple[dict[str, NodeMetrics], FetchReport]:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                max_workers=1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_exit_with,
-                initargs=(os.getpid(),),
-            )
         loop = asyncio.get_running_loop()
-        chunks, report = await loop.run_in_executor(self._pool, load_rows, path, node_labels, mtime)
+        self._busy = True
+        try:
+            try:
+                if self._pool is None:
+                    self._pool = ProcessPoolExecutor(
+                        max_workers=1,
+                        mp_context=multiprocessing.get_context("spawn"),
+                        initializer=_worker_init,
+                        initargs=(os.getpid(),),
+                    )
+                future = loop.run_in_executor(self._pool, load_rows, path, node_labels, mtime)
+            except OSError as exc:  # semaphores or the process itself could not be created
+                self.usable = False
+                raise WorkerUnavailable(f"cannot start a parse worker process ({exc})") from exc
+            chunks, report = await future
+        except BrokenProcessPool:
+            self._pool = None  # the worker died (killed, out of memory): the next load starts a new one
+            raise
+        finally:
+            self._busy = False
         kept = self._kept
         fresh: dict[str, tuple[NodeRow, NodeMetrics]] = {}
         for chunk in chunks:
             for row in pickle.loads(chunk):
-                before = kept.get(row[0])
+                before = kept.pop(row[0], None)  # the old rows go a chunk at a time, not all at once at the end
                 fresh[row[0]] = (row, before[1] if before is not None and before[0] == row else node_from_row(row))
+            # Hundreds of thousands of new long-lived objects would set off full collections of the cyclic GC,
+            # each walking all of them (300 ms stalls at 26,000 nodes). Freeze them as they come, as the app
+            # freezes each snapshot; refcounting still frees them with the snapshot.
+            gc.freeze()
             await asyncio.sleep(0)  # let requests in between chunks
         self._kept = fresh
         return nodes_of(fresh), report
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            # Idle: wait for a clean exit. Mid-parse: do not wait; the worker ends when it sees its parent gone.
+            self._pool.shutdown(wait=not self._busy, cancel_futures=True)
             self._pool = None
 
 

@@ -15,10 +15,10 @@ import asyncio
 import heapq
 import math
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterable
 from itertools import compress
-from operator import not_
+from operator import attrgetter, not_
 
 from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import Settings
@@ -42,8 +42,10 @@ from gpufleet_extender.wire import HostPriority, SchedulingRequest, decode_args,
 
 MAX_SHAPES = 128  # decision tables kept, least recently used dropped first
 WARM_SHAPES = 8  # tables filled in the background after a new snapshot; others fill on demand
-_WARM_CHUNK = 256  # nodes evaluated between two yields to the event loop while warming
+_WARM_CHUNK = 64  # nodes evaluated between two yields to the event loop while warming
 _NO_TENANT = object()
+_outcome_of = attrgetter("outcome")
+_reason_of = attrgetter("reason")
 
 
 class _ByName(dict):
@@ -189,10 +191,12 @@ class Extender:
             self._seen_snapshot = snapshot
             if self._set_modes(snapshot, now):
                 touched = None
-            else:  # sources keep the NodeMetrics of unchanged nodes, so identity tells what changed
-                old, new = seen.nodes, snapshot.nodes
-                touched.update(name for name, metrics in new.items() if old.get(name) is not metrics)
-                touched.update(name for name in old if name not in new)
+            else:
+                # Only nodes whose inputs were read can have entries that depend on metrics, and sources keep
+                # the NodeMetrics of unchanged nodes: identity over those tells what changed, without a pass
+                # over the whole fleet on the request path.
+                nodes = snapshot.nodes
+                touched.update(name for name, (metrics, _) in self._inputs.items() if nodes.get(name) is not metrics)
         elif snapshot is not seen:
             self._seen_snapshot = snapshot  # the same data, polled again
         if self.cluster is not None and self.cluster.version != self._seen_cluster:
@@ -237,10 +241,15 @@ class Extender:
         if metrics is not None and max_age > 0 and now - metrics.sample_time <= max_age:
             # Possibly stale from this moment on (evaluated again then; the age is compared with >).
             expires = min(expires, metrics.sample_time + max_age)
+        if len(self._inputs) >= self._entry_limit():
+            # Junk names by the thousand: start over rather than keep verdicts whose inputs are not tracked.
+            self._inputs.clear()
+            self._deadlines.clear()
+            for table in self._tables.values():
+                table.forget(None)
         if expires != math.inf:
             heapq.heappush(self._deadlines, (expires, name))
-        if len(self._inputs) < self._entry_limit():
-            self._inputs[name] = inputs = (metrics, assumed)
+        self._inputs[name] = (metrics, assumed)
         return metrics, assumed
 
     def _entry_limit(self) -> int:
@@ -359,12 +368,16 @@ class Extender:
                 outcomes[Outcome.MISSING_ALLOWED] = missing_passed
             if codes.count(DecisionTable.FAILED):
                 passed = list(compress(range(len(names)), codes))
-                for name in compress(names, map(not_, codes)):
-                    verdict = table.verdict(name)
-                    outcomes[verdict.outcome] = outcomes.get(verdict.outcome, 0) + 1
-                    # Preempting pods cannot move a node into another tenant's pool.
-                    target = unresolvable if verdict.outcome is Outcome.TENANT_MISMATCH else failed
-                    target[name] = verdict.reason
+                # C-level passes over the failing nodes: with tenant pools, half a fleet can fail here.
+                failing = list(compress(names, map(not_, codes)))
+                verdicts = list(map(table.verdicts.__getitem__, failing))
+                failing_outcomes = list(map(_outcome_of, verdicts))
+                outcomes.update(Counter(failing_outcomes))
+                reasons = list(zip(failing, map(_reason_of, verdicts), strict=True))
+                # Preempting pods cannot move a node into another tenant's pool.
+                refused_by_pool = list(map(Outcome.TENANT_MISMATCH.__eq__, failing_outcomes))
+                unresolvable = dict(compress(reasons, refused_by_pool))
+                failed = dict(compress(reasons, map(not_, refused_by_pool)))
             if request.nodes.full:
                 candidates = range(len(names)) if passed is None else passed
                 tenant_failures = self._full_form_tenant_failures(request, candidates)

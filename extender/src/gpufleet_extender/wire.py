@@ -230,8 +230,9 @@ def encode_filter_result(
         # Everything passed: the list goes back as the very bytes that came in.
         return _ALL_PASSED_PREFIX + nodes.names_json + _ALL_PASSED_SUFFIX
     else:
+        names = nodes.names  # a property: read once, not per passing node
         result = ExtenderFilterResult(
-            NodeNames=nodes.names if passed is None else [nodes.names[i] for i in passed],
+            NodeNames=names if passed is None else list(map(names.__getitem__, passed)),
             FailedNodes=failed,
             FailedAndUnresolvableNodes=unresolvable,
         )
