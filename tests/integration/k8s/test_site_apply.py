@@ -102,8 +102,8 @@ def test_site_applies_the_fleet_then_changes_nothing(site_run, api, core, lab_no
         ("networking.k8s.io/v1", "NetworkPolicy", "gpufleet-extender", "gpufleet-system"),
         ("apps/v1", "Deployment", "gpufleet-scheduler", "gpufleet-system"),
         ("apps/v1", "Deployment", "descheduler", "gpufleet-system"),
-        ("apps/v1", "DaemonSet", "nvidia-device-plugin", "gpufleet-system"),
-        ("apps/v1", "DaemonSet", "dcgm-exporter", "gpufleet-system"),
+        ("apps/v1", "DaemonSet", "nvidia-device-plugin", "gpufleet-node-agents"),
+        ("apps/v1", "DaemonSet", "dcgm-exporter", "gpufleet-node-agents"),
     ]
     missing = [f"{kind} {ns}/{name}" for ver, kind, name, ns in expected if not exists(api, ver, kind, name, ns)]
     assert missing == []

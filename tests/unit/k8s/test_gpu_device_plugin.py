@@ -28,8 +28,11 @@ def test_renders_valid_mixed_strategy_daemonsets(tmp_path, inventory):
     manifests = render_roles(["gpufleet.mig.gpu_device_plugin"], tmp_path, inventory)
     assert validate_manifests(manifests) == 4  # Namespace, ConfigMap, plugin and GFD DaemonSets
     documents = load_manifests(manifests)
-    assert set(documents) == {"namespaces/gpufleet-system.yaml", "gpu_device_plugin/device-plugin.yaml"}
+    assert set(documents) == {"namespaces/gpufleet-node-agents.yaml", "gpu_device_plugin/device-plugin.yaml"}
     objects = by_kind_name(documents)
+    # The node agents' own namespace: privileged (host paths, SYS_ADMIN), apart from the restricted gpufleet-system.
+    namespace = objects[("Namespace", "gpufleet-node-agents")]["metadata"]["labels"]
+    assert namespace["pod-security.kubernetes.io/enforce"] == "privileged"
 
     config_map = objects[("ConfigMap", "nvidia-device-plugin-config")]
     config_text = config_map["data"]["config.yaml"]
