@@ -121,7 +121,11 @@ def run_refresh(
     hosts = {h: {"mig_partition_config": layouts[h], "mig_partition_layout_changed": c} for h, c in changed.items()}
     inventory = {
         "all": {
-            "vars": {"gpufleet_namespace": namespace, "gpufleet_gpus_per_node": 1},
+            "vars": {
+                "gpufleet_namespace": namespace,
+                "gpufleet_node_agents_namespace": namespace,
+                "gpufleet_gpus_per_node": 1,
+            },
             "children": {"gpu_nodes": {"hosts": hosts}},
         }
     }

@@ -87,7 +87,7 @@ def test_site_applies_the_fleet_then_changes_nothing(site_run, api, core, lab_no
         assert node.metadata.labels["gpufleet.io/gpu-node"] == "true"
         assert node.metadata.labels["gpufleet.io/tenant"] == tenant
         taints = {(t.key, t.value, t.effect) for t in node.spec.taints or []}
-        assert ("gpufleet.io/tenant", tenant, "NoSchedule") in taints, node.metadata.name
+        assert ("gpufleet.io/tenant", tenant, "NoExecute") in taints, node.metadata.name
     quotas = {(q.metadata.namespace, q.metadata.name) for q in core.list_resource_quota_for_all_namespaces().items}
     for namespace in ("llm-inference", "imagegen", "finnlp", "finnlp-batch"):
         assert any(ns == namespace for ns, _ in quotas), f"no ResourceQuota in {namespace}: {quotas}"
@@ -102,8 +102,8 @@ def test_site_applies_the_fleet_then_changes_nothing(site_run, api, core, lab_no
         ("networking.k8s.io/v1", "NetworkPolicy", "gpufleet-extender", "gpufleet-system"),
         ("apps/v1", "Deployment", "gpufleet-scheduler", "gpufleet-system"),
         ("apps/v1", "Deployment", "descheduler", "gpufleet-system"),
-        ("apps/v1", "DaemonSet", "nvidia-device-plugin", "gpufleet-system"),
-        ("apps/v1", "DaemonSet", "dcgm-exporter", "gpufleet-system"),
+        ("apps/v1", "DaemonSet", "nvidia-device-plugin", "gpufleet-node-agents"),
+        ("apps/v1", "DaemonSet", "dcgm-exporter", "gpufleet-node-agents"),
     ]
     missing = [f"{kind} {ns}/{name}" for ver, kind, name, ns in expected if not exists(api, ver, kind, name, ns)]
     assert missing == []

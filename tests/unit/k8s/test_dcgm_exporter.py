@@ -78,7 +78,7 @@ def test_without_service_monitor_a_scrape_config_snippet_is_written(tmp_path):
     assert ("ServiceMonitor", "dcgm-exporter") not in objects
     (job,) = yaml.safe_load((manifests / "dcgm_exporter" / "prometheus-scrape-config.yaml.snippet").read_text())
     assert job["scrape_interval"] == "30s"
-    assert job["kubernetes_sd_configs"] == [{"role": "pod", "namespaces": {"names": ["gpufleet-system"]}}]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod", "namespaces": {"names": ["gpufleet-node-agents"]}}]
     # Every `keep` on a pod label must match the exporter pods' labels, or Prometheus would drop them all.
     pod_labels = objects[("DaemonSet", "dcgm-exporter")]["spec"]["template"]["metadata"]["labels"]
     sanitized = {key.replace(".", "_").replace("/", "_").replace("-", "_"): value for key, value in pod_labels.items()}
@@ -122,6 +122,6 @@ def test_apply_mode_reaches_for_the_api_with_valid_arguments(tmp_path):
     result = run_playbook(str(playbook), "inventories/lab", extra, tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "Apply the objects with server-side apply (namespaces/gpufleet-system)" in output
+    assert "Apply the objects with server-side apply (namespaces/gpufleet-node-agents)" in output
     assert "Connection refused" in output or "Failed to get client" in output or "MaxRetryError" in output
     assert "Unsupported parameters" not in output and "missing required arguments" not in output

@@ -28,14 +28,19 @@ def test_renders_valid_mixed_strategy_daemonsets(tmp_path, inventory):
     manifests = render_roles(["gpufleet.mig.gpu_device_plugin"], tmp_path, inventory)
     assert validate_manifests(manifests) == 4  # Namespace, ConfigMap, plugin and GFD DaemonSets
     documents = load_manifests(manifests)
-    assert set(documents) == {"namespaces/gpufleet-system.yaml", "gpu_device_plugin/device-plugin.yaml"}
+    assert set(documents) == {"namespaces/gpufleet-node-agents.yaml", "gpu_device_plugin/device-plugin.yaml"}
     objects = by_kind_name(documents)
+    # The node agents' own namespace: privileged (host paths, SYS_ADMIN), apart from the restricted gpufleet-system.
+    namespace = objects[("Namespace", "gpufleet-node-agents")]["metadata"]["labels"]
+    assert namespace["pod-security.kubernetes.io/enforce"] == "privileged"
 
     config_map = objects[("ConfigMap", "nvidia-device-plugin-config")]
     config_text = config_map["data"]["config.yaml"]
     config = yaml.safe_load(config_text)
     assert config["version"] == "v1"
     assert config["flags"]["migStrategy"] == "mixed"
+    # Devices reach a container only through the kubelet's mounts, never through a variable a pod can set itself.
+    assert config["flags"]["plugin"]["deviceListStrategy"] == "volume-mounts"
 
     for name in ("nvidia-device-plugin", "gpu-feature-discovery"):
         daemonset = objects[("DaemonSet", name)]
@@ -48,6 +53,9 @@ def test_renders_valid_mixed_strategy_daemonsets(tmp_path, inventory):
             pod["metadata"]["annotations"]["gpufleet.io/config-hash"]
             == hashlib.sha256(config_text.encode()).hexdigest()
         )
+        # No API access needed, no token; the runtime's default seccomp profile.
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        assert pod["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
         container = pod["spec"]["containers"][0]
         assert {"name": "CONFIG_FILE", "value": "/config/config.yaml"} in container["env"]
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
@@ -305,3 +313,73 @@ def test_render_mode_skips_the_refresh_visibly(tmp_path):
     output = " ".join(result.stdout.split())
     assert "1 GPU node(s) with a changed MIG layout: a." in output
     assert "Render mode: plugin restart and allocatable check skipped" in output
+
+
+TOOLKIT_CONFIG = """#accept-nvidia-visible-devices-as-volume-mounts = false
+accept-nvidia-visible-devices-envvar-when-unprivileged = true
+disable-require = false
+
+[nvidia-container-cli]
+environment = []
+ldconfig = "@/sbin/ldconfig.real"
+"""
+
+
+def run_host_toolkit(tmp_path, config, *flags: str, **extra) -> str:
+    """The role's host_toolkit entry point on localhost (as the GPU hosts' play runs it), with command-line flags
+    such as --check; returns the output."""
+    playbook = tmp_path / "host-toolkit.yml"
+    include = {"name": "gpufleet.mig.gpu_device_plugin", "tasks_from": "host_toolkit"}
+    playbook.write_text(
+        yaml.safe_dump(
+            [{"hosts": "localhost", "gather_facts": False, "tasks": [{"ansible.builtin.import_role": include}]}]
+        )
+    )
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": {"localhost": None}}}))
+    extra = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpu_device_plugin_toolkit_config": str(config),
+        **extra,
+    }
+    result = run_playbook(str(playbook), str(tmp_path / "inventory.yml"), extra, tmp_path, flags)
+    assert result.returncode == 0, result.stdout[-4000:]
+    return result.stdout
+
+
+def test_host_toolkit_refuses_the_variable_and_reads_mounts(tmp_path):
+    config = tmp_path / "etc" / "nvidia-container-runtime" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(TOOLKIT_CONFIG)
+
+    # Check mode changes nothing on the host but reports what would change.
+    output = run_host_toolkit(tmp_path, config, "--check", "--diff")
+    assert config.read_text() == TOOLKIT_CONFIG
+    assert "changed=1" in output
+
+    output = run_host_toolkit(tmp_path, config)
+    assert "changed=1" in output
+    lines = config.read_text().splitlines()
+    assert "accept-nvidia-visible-devices-envvar-when-unprivileged = false" in lines
+    assert "accept-nvidia-visible-devices-as-volume-mounts = true" in lines
+    assert not any(line.endswith("= true") and "envvar" in line for line in lines)
+    # Both stay top-level keys (before the first table) and the rest of the file is untouched.
+    assert max(lines.index(k) for k in lines if k.startswith("accept-")) < lines.index("[nvidia-container-cli]")
+    assert 'ldconfig = "@/sbin/ldconfig.real"' in lines and "disable-require = false" in lines
+
+    assert "changed=0" in run_host_toolkit(tmp_path, config)
+
+
+def test_host_toolkit_envvar_strategy_and_switched_off(tmp_path):
+    config = tmp_path / "config.toml"
+    run_host_toolkit(tmp_path, config, gpu_device_plugin_device_list_strategy="envvar")
+    lines = config.read_text().splitlines()
+    # Even with the envvar strategy an unprivileged pod's own variable is refused (the plugin's pods run with
+    # SYS_ADMIN, which the toolkit counts as privileged).
+    assert sorted(lines) == [
+        "accept-nvidia-visible-devices-as-volume-mounts = false",
+        "accept-nvidia-visible-devices-envvar-when-unprivileged = false",
+    ]
+    other = tmp_path / "absent.toml"
+    run_host_toolkit(tmp_path, other, gpu_device_plugin_manage_toolkit=False)
+    assert not other.exists()

@@ -55,7 +55,8 @@ def quotas(documents) -> dict[str, dict[str, int]]:
     """namespace -> {resource: hard limit} with the `requests.` prefix removed."""
     return {
         ns: {key.removeprefix("requests."): int(value) for key, value in doc["spec"]["hard"].items()}
-        for (ns, _), doc in by_kind(documents, "ResourceQuota").items()
+        for (ns, name), doc in by_kind(documents, "ResourceQuota").items()
+        if name == "gpufleet-gpu"
     }
 
 
@@ -93,6 +94,7 @@ def test_lab_renders_one_file_per_concern(lab_documents):
         "tenants/quotas.yaml",
         "tenants/network-policies.yaml",
         "tenants/nodes.yaml",
+        "tenants/admission.yaml",
     }
 
 
@@ -133,7 +135,7 @@ def test_lab_nodes_are_labelled_and_tainted_by_pool(lab_documents):
         assert set(node) == {"apiVersion", "kind", "metadata", "spec"}
         assert set(node["metadata"]) == {"name", "labels"}
         assert node["metadata"]["labels"] == {"gpufleet.io/gpu-node": "true", TENANT_KEY: tenant}
-        assert node["spec"] == {"taints": [{"key": TENANT_KEY, "value": tenant, "effect": "NoSchedule"}]}
+        assert node["spec"] == {"taints": [{"key": TENANT_KEY, "value": tenant, "effect": "NoExecute"}]}
 
 
 def test_lab_namespaces_priorities_and_isolation(lab_documents):
@@ -158,6 +160,51 @@ def test_lab_namespaces_priorities_and_isolation(lab_documents):
     assert {"namespaceSelector": {"matchLabels": {TENANT_KEY: "finnlp"}}} in peers
     allowed = [p["namespaceSelector"]["matchExpressions"][0]["values"] for p in peers if "matchExpressions" in str(p)]
     assert allowed == [["gpufleet-system", "monitoring"]]
+
+
+def test_lab_admission_policy_per_tenant(lab_documents):
+    """One policy and one Deny binding per tenant, matching its namespaces' pods by name, with the tenant's own
+    pool and class in the expressions and a message expression on every rule (the real refusals are tested
+    against the apiserver in tests/integration/k8s/test_hostile_tenant.py)."""
+    policies = {name: doc for (_, name), doc in by_kind(lab_documents, "ValidatingAdmissionPolicy").items()}
+    bindings = {name: doc for (_, name), doc in by_kind(lab_documents, "ValidatingAdmissionPolicyBinding").items()}
+    assert set(policies) == set(bindings) == {f"gpufleet-tenant-{t}" for t in ("llm", "imagegen", "finnlp")}
+    for name, binding in bindings.items():
+        assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+
+    spec = policies["gpufleet-tenant-finnlp"]["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    selector = spec["matchConstraints"]["namespaceSelector"]["matchExpressions"]
+    assert selector == [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["finnlp", "finnlp-batch"]}]
+    rules = spec["matchConstraints"]["resourceRules"]
+    assert rules[0]["resources"] == ["pods", "pods/ephemeralcontainers"]
+    assert rules[0]["operations"] == ["CREATE", "UPDATE"]
+    assert all(rule.get("messageExpression") and rule["reason"] == "Forbidden" for rule in spec["validations"])
+    expressions = " ".join(v["expression"] for v in spec["variables"] + spec["validations"])
+    assert 'object.spec.nodeSelector["gpufleet.io/tenant"] == "finnlp"' in expressions
+    assert 't.value == "finnlp"' in expressions
+    assert "object.spec.nodeName" in expressions
+    assert "e.name.startsWith('NVIDIA_')" in expressions
+    assert "ephemeralContainers" in expressions and "initContainers" in expressions
+    assert "cdi.k8s.io/" in expressions
+    assert 'object.spec.priorityClassName == "gpufleet-batch"' in expressions
+    assert '"imagegen"' not in expressions and '"gpufleet-inference"' not in expressions
+
+
+def test_lab_pod_security_and_system_priority_quota(lab_documents):
+    namespaces = {name: doc for (_, name), doc in by_kind(lab_documents, "Namespace").items()}
+    for doc in namespaces.values():
+        labels = doc["metadata"]["labels"]
+        for mode in ("enforce", "audit", "warn"):
+            assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted"
+    quota = by_kind(lab_documents, "ResourceQuota")[("finnlp", "gpufleet-no-system-priority")]["spec"]
+    assert quota["hard"] == {"pods": "0"}
+    assert quota["scopeSelector"]["matchExpressions"] == [
+        {"scopeName": "PriorityClass", "operator": "In", "values": ["system-cluster-critical", "system-node-critical"]}
+    ]
+    assert {ns for (ns, name) in by_kind(lab_documents, "ResourceQuota") if name == "gpufleet-no-system-priority"} == (
+        set(namespaces)
+    )
 
 
 def test_hongkong_renders_what_the_lab_renders(lab_documents, tmp_path):
@@ -211,7 +258,7 @@ def test_uneven_split_overrides_and_untenanted_node(tmp_path):
     nodes = {name: doc for (_, name), doc in by_kind(documents, "Node").items()}
     assert set(nodes) == {"n1", "v-1", "v-2", "v-3", "v-4", "spare"}
     assert nodes["v-3"]["metadata"]["labels"][TENANT_KEY] == "vision"
-    assert nodes["v-3"]["spec"]["taints"] == [{"key": TENANT_KEY, "value": "vision", "effect": "NoSchedule"}]
+    assert nodes["v-3"]["spec"]["taints"] == [{"key": TENANT_KEY, "value": "vision", "effect": "NoExecute"}]
     # A GPU node in no pool: selected by the device plugin, not tainted, no tenant.
     assert nodes["spare"]["metadata"]["labels"] == {"gpufleet.io/gpu-node": "true"}
     assert "spec" not in nodes["spare"]
@@ -239,6 +286,72 @@ def test_full_split_and_taints_kept_from_the_cluster(tmp_path):
     own = {"key": TENANT_KEY, "value": "nlp", "effect": "PreferNoSchedule"}
     assert nodes["n1"]["spec"]["taints"] == [foreign, own]
     assert nodes["n2"]["spec"]["taints"] == [own]
+
+
+def test_pod_security_per_tenant_and_admission_switches(tmp_path):
+    tenants = {
+        "nlp": {"group": "pool_nlp", "namespaces": ["a"], "priority_class": "gpufleet-batch"},
+        "cv": {"group": "pool_cv", "namespaces": ["c"], "pod_security": "baseline"},
+        "ops": {"group": "pool_ops", "namespaces": ["o"], "pod_security": "privileged"},
+    }
+    pools = {
+        "pool_nlp": {"tenant": "nlp", "hosts": ["n1"], "layout": MIG_OFF, "gpus": 1},
+        "pool_cv": {"tenant": "cv", "hosts": ["c1"], "layout": MIG_OFF, "gpus": 1},
+        "pool_ops": {"tenant": "ops", "hosts": ["o1"], "layout": MIG_OFF, "gpus": 1},
+    }
+    inventory = write_inventory(tmp_path, pools, tenants)
+    documents = render_tenants(
+        tmp_path,
+        inventory,
+        {
+            "tenants_pod_security_allow_privileged": True,
+            "tenants_admission_validation_actions": ["Warn", "Audit"],
+            "tenants_system_priority_classes": [],
+            "tenants_admission_allow_unprefixed_env_from": True,
+            # The role's levels win over extra labels.
+            "tenants_namespace_extra_labels": {"pod-security.kubernetes.io/enforce": "privileged", "team": "x"},
+        },
+    )
+    enforce = {
+        name: doc["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+        for (_, name), doc in by_kind(documents, "Namespace").items()
+    }
+    assert enforce == {"a": "restricted", "c": "baseline", "o": "privileged"}
+    assert by_kind(documents, "Namespace")[(None, "a")]["metadata"]["labels"]["team"] == "x"
+    bindings = by_kind(documents, "ValidatingAdmissionPolicyBinding")
+    assert bindings[(None, "gpufleet-tenant-cv")]["spec"]["validationActions"] == ["Warn", "Audit"]
+    assert {name for _, name in by_kind(documents, "ResourceQuota")} == {"gpufleet-gpu"}
+    cv = by_kind(documents, "ValidatingAdmissionPolicy")[(None, "gpufleet-tenant-cv")]["spec"]
+    assert not any("envFrom" in v["expression"] for v in cv["validations"])
+    # A tenant without a PriorityClass may use none.
+    priority_rule = next(v for v in cv["validations"] if "priorityClassName" in v["expression"])
+    assert priority_rule["expression"] == "!has(object.spec.priorityClassName) || object.spec.priorityClassName == ''"
+
+    # Switched off, the policies are not rendered (and deleted in apply mode).
+    manifests = render_roles(
+        ["tenants"],
+        tmp_path / "off",
+        inventory=inventory,
+        extra_vars={"tenants_pod_security_allow_privileged": True, "tenants_admission_enabled": False},
+    )
+    assert not (manifests / "tenants" / "admission.yaml").exists()
+
+
+def test_privileged_tenants_need_the_override(tmp_path):
+    tenants = {
+        "ops": {"group": "pool_ops", "namespaces": ["o"], "pod_security": "privileged"},
+        "odd": {"group": "pool_odd", "namespaces": ["d"], "pod_security": "lenient"},
+    }
+    pools = {
+        "pool_ops": {"tenant": "ops", "hosts": ["o1"], "layout": MIG_OFF, "gpus": 1},
+        "pool_odd": {"tenant": "odd", "hosts": ["d1"], "layout": MIG_OFF, "gpus": 1},
+    }
+    result = run_tenants(tmp_path, write_inventory(tmp_path, pools, tenants), {"gpufleet_k8s_mode": "render"})
+    output = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    assert "tenant ops: pod_security privileged lets its pods run privileged" in output
+    assert "set tenants_pod_security_allow_privileged to accept that" in output
+    assert "tenant odd: pod_security must be restricted, baseline or privileged, not lenient" in output
 
 
 # --- inventory errors -------------------------------------------------------------------------------------------
