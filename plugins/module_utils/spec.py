@@ -163,6 +163,11 @@ def _fail(position: int, message: str) -> SpecError:
     return SpecError(f"config[{position}]: {message}")
 
 
+def _is_int(value: object) -> bool:
+    """An integer, and not a bool (YAML's true is an int to isinstance)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _show(value) -> str:
     # Values go into messages: a 5,000-digit string must not (and repr() of a 5,000-digit int raises).
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**40:
@@ -339,7 +344,7 @@ def _check_mig_parted_entry(raw, where: str) -> None:
     ):
         raise SpecError(f"{where}: device-filter must be a string or a list of strings, got {_show(device_filter)}")
     devices = raw["devices"]
-    if not (devices == "all" or (isinstance(devices, list) and all(type(d) is int for d in devices))):
+    if not (devices == "all" or (isinstance(devices, list) and all(_is_int(d) for d in devices))):
         raise SpecError(f"{where}: devices must be 'all' or a list of integers, got {_show(devices)}")
     if not isinstance(raw["mig-enabled"], bool):
         raise SpecError(f"{where}: mig-enabled must be true or false, got {_show(raw['mig-enabled'])}")
@@ -357,7 +362,7 @@ def _check_mig_parted_entry(raw, where: str) -> None:
             parse_profile_name(str(name))
         except ValueError as exc:
             raise SpecError(f"{where}: invalid MIG profile name {_show(name)}: {exc}") from None
-        if type(count) is not int or count < 0:
+        if not _is_int(count) or count < 0:
             raise SpecError(f"{where}: invalid count for {name}: {_show(count)}")
     if mig_devices and not any(mig_devices.values()):
         raise SpecError(f"{where}: all counts of mig-devices are 0")
