@@ -5,6 +5,7 @@ for them, the bundled extender as a process, and the scheduler configuration the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -145,10 +146,8 @@ class MetricsEndpoint:
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                try:
+                with contextlib.suppress(ConnectionError):  # Prometheus gave up on a slow scrape; it tries again
                     self.wfile.write(payload)
-                except ConnectionError:  # Prometheus gave up on a slow scrape; it tries again
-                    pass
 
             def log_message(self, *args):
                 pass
