@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))
 
 from controlplane import ControlPlane, assets_dir, missing_assets  # noqa: E402
-from scheduling import node_status, register_node  # noqa: E402
+from scheduling import BindingWatch, node_status, register_node  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -97,6 +97,18 @@ def ensure_namespace(core: k8s.CoreV1Api, name: str, labels: dict | None = None)
             raise
 
     wait_for(has_default_account, what=f"the default ServiceAccount of namespace {name}")
+
+
+@pytest.fixture
+def namespace(core, request):
+    """A namespace named after the test, and a watch of its pods' bindings. Afterwards the pods are deleted at once
+    (no kubelet here to end them), so that the next test's scheduler does not place them."""
+    name = request.node.name.removeprefix("test_").replace("_", "-")[:60].strip("-")
+    ensure_namespace(core, name)
+    bindings = BindingWatch(core, name)
+    yield name, bindings
+    bindings.stop()
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
 
 class FakeKubelet:

@@ -7,10 +7,9 @@ kube-scheduler reads its configuration once, so each variant starts a scheduler 
 from __future__ import annotations
 
 import pytest
-from conftest import ensure_namespace, wait_for
+from conftest import wait_for
 from scheduling import (
     MIG_RESOURCE,
-    BindingWatch,
     create_nodes,
     create_pods,
     gpu_pod,
@@ -62,18 +61,6 @@ def scheduler(control_plane, tmp_path):
     yield start
     for name in names:
         control_plane.stop_component(name)
-
-
-@pytest.fixture
-def namespace(core, request):
-    """A namespace for the test's pods, and a watch of their bindings. Afterwards the pods are deleted at once
-    (no kubelet here to end them), so that the next test's scheduler does not place them."""
-    name = request.node.name.removeprefix("test_").replace("_", "-")[:60].strip("-")
-    ensure_namespace(core, name)
-    bindings = BindingWatch(core, name)
-    yield name, bindings
-    bindings.stop()
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
 
 def make_pods(core, namespace: str, count: int) -> None:

@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from conftest import ensure_namespace, wait_for
+from conftest import wait_for
 from controlplane import assets_dir, missing_assets
 from gpufleet_extender.metrics_source import parse_exposition
-from scheduling import BindingWatch, create_nodes, create_pods, gpu_pod, rendered_scheduler_config, write_mig_metrics
+from scheduling import create_nodes, create_pods, gpu_pod, rendered_scheduler_config, write_mig_metrics
 
 pytestmark = [
     pytest.mark.integration,
@@ -105,16 +105,6 @@ def plugin_scheduler(control_plane, prometheus, tmp_path):
     )
     yield name
     control_plane.stop_component(name)
-
-
-@pytest.fixture
-def namespace(core, request):
-    name = request.node.name.removeprefix("test_").replace("_", "-")[:60].strip("-")
-    ensure_namespace(core, name)
-    bindings = BindingWatch(core, name)
-    yield name, bindings
-    bindings.stop()
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
 
 def make_pods(core, namespace: str, names: list[str], pool: dict) -> None:
