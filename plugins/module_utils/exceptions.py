@@ -28,6 +28,10 @@ class NvmlUnavailableError(MigError):
     """Neither the NVML library nor a simulator state file could be used."""
 
 
+class SimulatorStateError(NvmlUnavailableError):
+    """The NVML simulator's state file cannot be used (unreadable, not JSON, unsupported version, wrong shape)."""
+
+
 class NvmlError(MigError):
     """An NVML call failed. `code` is the nvmlReturn_t value, `code_name` its NVML_ERROR_* name without prefix."""
 

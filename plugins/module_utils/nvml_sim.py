@@ -25,7 +25,7 @@ import sys
 import tempfile
 import uuid as uuidlib
 
-from .exceptions import NvmlError
+from .exceptions import MigError, NvmlError, SimulatorStateError
 from .nvml import (
     ERROR_CODES,
     SUCCESS,
@@ -84,6 +84,26 @@ def new_state(gpus: int | None = None, product: str | None = None) -> dict:
     return {"version": STATE_VERSION, "gpus": [new_gpu(i, product) for i in range(gpus)], "faults": []}
 
 
+def load_state(path: str) -> dict:
+    """Read a state file; every problem with it is one SimulatorStateError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            state = json.load(handle)
+    except OSError as exc:
+        raise SimulatorStateError(f"cannot read simulator state {path}: {exc.strerror}") from None
+    except ValueError as exc:  # json.JSONDecodeError, or bytes that are not UTF-8
+        raise SimulatorStateError(f"simulator state {path} is not valid JSON: {exc}") from None
+    if not isinstance(state, dict):
+        raise SimulatorStateError(f"simulator state {path} must be a JSON object, not {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise SimulatorStateError(
+            f"simulator state {path}: unsupported version {state.get('version')!r} (supported: {STATE_VERSION})"
+        )
+    if not isinstance(state.get("gpus"), list):
+        raise SimulatorStateError(f"simulator state {path}: 'gpus' must be a list")
+    return state
+
+
 def _error(call: str, name: str, detail: str = "") -> NvmlError:
     return NvmlError(call, ERROR_CODES[name], name, detail)
 
@@ -94,10 +114,7 @@ class SimulatedNvml(NvmlInterface):
     def __init__(self, path: str):
         self.path = path
         if os.path.exists(path):
-            with open(path, encoding="utf-8") as handle:
-                self.state = json.load(handle)
-            if self.state.get("version") != STATE_VERSION:
-                raise ValueError(f"{path}: unsupported simulator state version {self.state.get('version')!r}")
+            self.state = load_state(path)
         else:
             self.state = new_state()
             self._save()
@@ -403,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             sim.add_fault(args.call, args.error, args.gpu, args.skip, args.times)
         else:
             sys.stdout.write(json.dumps(sim.state, indent=2, sort_keys=True) + "\n")
-    except (NvmlError, ValueError, KeyError) as exc:
+    except (MigError, ValueError, KeyError) as exc:
         sys.stderr.write(f"nvml_sim: {exc}\n")
         return 1
     return 0

@@ -1,4 +1,4 @@
-"""``gpufleet-extender`` command line: ``serve`` here; other subcommands plug in through COMMAND_MODULES.
+"""``gpufleet-extender`` command line: ``serve`` and ``check-config`` here; others plug in through COMMAND_MODULES.
 
 A command module exposes ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> exit code``.
 Modules that are not installed are skipped, so the CLI works at every stage of the project.
@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
 from gpufleet_extender import __version__
-from gpufleet_extender.config import CONFIG_FILE_ENV, SettingsError, get_settings
+from gpufleet_extender.config import CONFIG_FILE_ENV, SettingsError, check_settings, get_settings, read_config_file
 
 # Extra subcommands: name -> module.
 COMMAND_MODULES = {"simulate": "gpufleet_extender.simulate.cli"}
@@ -67,6 +68,35 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=_serve)
 
 
+def _check_config(args: argparse.Namespace) -> int:
+    """Validate a settings mapping (a file, or JSON on stdin with ``-``) without the environment; print it back."""
+    try:
+        if args.file == "-":
+            try:
+                values = json.loads(sys.stdin.read() or "{}")
+            except json.JSONDecodeError as exc:
+                raise SettingsError(f"stdin is not a JSON mapping of settings: {exc}") from None
+            if not isinstance(values, dict):
+                raise SettingsError(f"stdin must hold a JSON mapping of settings, not {type(values).__name__}")
+        else:
+            values = read_config_file(args.file)
+        settings = check_settings(values)
+    except SettingsError as exc:
+        print(f"gpufleet-extender: {exc}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    print(settings.model_dump_json())
+    return 0
+
+
+def _add_check_config(subparsers: argparse._SubParsersAction) -> None:
+    check = subparsers.add_parser(
+        "check-config",
+        help="validate settings as the extender would at start, from a file or stdin alone (not the environment)",
+    )
+    check.add_argument("file", help="YAML or JSON settings file, or - for a JSON mapping on stdin (a ConfigMap's data)")
+    check.set_defaults(handler=_check_config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpufleet-extender", description="GPU-load-aware, MIG-aware kube-scheduler extender."
@@ -74,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
+    _add_check_config(subparsers)
     for name, module_name in COMMAND_MODULES.items():
         try:
             module = importlib.import_module(module_name)

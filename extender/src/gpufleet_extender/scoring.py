@@ -213,8 +213,7 @@ def _evaluate_resource(
 ) -> NodeVerdict:
     ranked = _by_load(devices, policy)
     available = ranked[assumed:]
-    util_max, mem_max = policy.gpu_util_threshold, policy.mem_util_threshold
-    if not any(d.util < util_max and (d.mem is None or d.mem < mem_max) for d in available):
+    if not any(below_thresholds(d, policy) for d in available):
         taken = f"; {assumed} taken by pods bound since the last sample" if assumed else ""
         best = f"best: {_figures(available[0], policy)}" if available else f"all {len(ranked)} assumed busy"
         return NodeVerdict(
