@@ -55,7 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_serve(subparsers: argparse._SubParsersAction) -> None:
+def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = subparsers.add_parser("serve", help="run the HTTP extender kube-scheduler calls")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
@@ -88,7 +88,7 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_check_config(subparsers: argparse._SubParsersAction) -> None:
+def _add_check_config(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = subparsers.add_parser(
         "check-config",
         help="validate settings as the extender would at start, from a file or stdin alone (not the environment)",
@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    status: int = args.handler(args)
+    return status
 
 
 if __name__ == "__main__":

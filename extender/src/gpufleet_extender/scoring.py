@@ -34,9 +34,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE, GpuRequest, ResourceRequest
 from gpufleet_extender.snapshot import DeviceMetrics, MetricsSnapshot, NodeMetrics
+
+if TYPE_CHECKING:  # config imports this module: the type only, no import cycle at run time
+    from gpufleet_extender.config import Settings
 
 MIN_SCORE = 0
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
@@ -75,7 +79,7 @@ class Policy:
     auto_hysteresis: float = 0.1  # AUTO_HYSTERESIS: auto spreads only above AUTO_PACK_BELOW + this
 
     @classmethod
-    def from_settings(cls, settings) -> Policy:  # settings: config.Settings (kept untyped: no import cycle)
+    def from_settings(cls, settings: Settings) -> Policy:
         return cls(
             gpu_util_threshold=settings.GPU_UTIL_THRESHOLD,
             mem_util_threshold=settings.MEM_UTIL_THRESHOLD,
