@@ -7,7 +7,15 @@ import sys
 
 import pytest
 import yaml
-from conftest import closed_port_kubeconfig, load_manifests, render_roles, run_playbook, try_render, validate_manifests
+from conftest import (
+    closed_port_kubeconfig,
+    load_manifests,
+    render_roles,
+    run_playbook,
+    try_render,
+    validate_manifests,
+    write_inventory,
+)
 
 SELECTOR = {"app.kubernetes.io/name": "gpufleet-extender", "app.kubernetes.io/component": "scheduler-extender"}
 
@@ -22,7 +30,7 @@ def objects(documents: dict[str, list[dict]]) -> dict[str, dict]:
     return found
 
 
-def write_inventory(tmp_path, control_plane: dict[str, str | None]) -> str:
+def control_plane_inventory(tmp_path, control_plane: dict[str, str | None]) -> str:
     """A control plane only: host -> ansible_host (None for none)."""
     hosts = {name: ({"ansible_host": address} if address else None) for name, address in control_plane.items()}
     inventory = {
@@ -31,9 +39,7 @@ def write_inventory(tmp_path, control_plane: dict[str, str | None]) -> str:
             "children": {"control_plane": {"hosts": hosts}},
         }
     }
-    path = tmp_path / "inventory.yml"
-    path.write_text(yaml.safe_dump(inventory))
-    return str(path)
+    return write_inventory(tmp_path, inventory)
 
 
 def render_extender(tmp_path, inventory: str, extra_vars=None) -> dict[str, dict]:
@@ -177,7 +183,7 @@ def config_hash(rendered: dict[str, dict]) -> str:
 @pytest.fixture(scope="module")
 def small_inventory(tmp_path_factory) -> str:
     """Four control-plane hosts: an IPv4 address, an IPv6 address, a host name and no address at all."""
-    return write_inventory(
+    return control_plane_inventory(
         tmp_path_factory.mktemp("extender-inventory"),
         {"cp-1": "10.20.0.11", "cp-2": "fd00:10::12", "cp-3": "cp-3.example.org", "cp-4": None},
     )
@@ -244,7 +250,7 @@ def test_one_api_feature_is_enough_for_the_read_only_role(tmp_path, small_invent
     ],
 )
 def test_bad_settings_fail_with_a_clear_message(tmp_path, extra, shown):
-    inventory = write_inventory(tmp_path, {"cp-1": "10.20.0.11"})
+    inventory = control_plane_inventory(tmp_path, {"cp-1": "10.20.0.11"})
     result = run_extender(tmp_path, inventory, {"gpufleet_k8s_mode": "render", **extra})
     output = " ".join(result.stdout.split())  # the message is wrapped over several lines
     assert result.returncode != 0
@@ -253,22 +259,39 @@ def test_bad_settings_fail_with_a_clear_message(tmp_path, extra, shown):
     assert "Traceback" not in result.stdout + result.stderr
 
 
-def test_settings_the_pod_would_refuse_fail_the_play_with_every_problem(tmp_path):
+def test_auto_that_would_never_spread_is_refused_as_the_pod_refuses_it(tmp_path):
     # auto with AUTO_PACK_BELOW + AUTO_HYSTERESIS >= 1 would never spread: the extender refuses to start on it, and
-    # the role used to deploy it anyway (the pods crash-looped). The weights are wrong too: both are listed.
+    # the role used to deploy it anyway (the pods crash-looped).
     settings = {
         "gpu_extender_scoring_strategy": "auto",
         "gpu_extender_auto_pack_below": 0.6,
         "gpu_extender_auto_hysteresis": 0.5,
-        "gpu_extender_weight_mem_util": 0.5,
     }
     result, manifests = try_render(["gpu_extender"], tmp_path, extra_vars=settings)
     output = " ".join(result.stdout.split())
     assert result.returncode != 0
     assert "the extender would refuse this ConfigMap at start" in output
     assert "AUTO_PACK_BELOW + AUTO_HYSTERESIS must be below 1 (got 0.6 + 0.5): auto would never spread" in output
-    assert "WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got 0.7 + 0.5 = 1.2)" in output
     assert not (manifests / "gpu_extender").exists()
+
+
+def test_every_problem_of_the_settings_is_listed_at_once(tmp_path):
+    settings = {
+        "gpu_extender_scoring_strategy": "auto",
+        "gpu_extender_auto_pack_below": 0.6,
+        "gpu_extender_auto_hysteresis": 0.5,
+        "gpu_extender_weight_mem_util": 0.5,
+        "gpu_extender_mem_util_threshold": 2,
+    }
+    result, _manifests = try_render(["gpu_extender"], tmp_path, extra_vars=settings)
+    output = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    for problem in (
+        "MEM_UTIL_THRESHOLD: Input should be less than or equal to 1",
+        "WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got 0.7 + 0.5 = 1.2)",
+        "AUTO_PACK_BELOW + AUTO_HYSTERESIS must be below 1 (got 0.6 + 0.5): auto would never spread",
+    ):
+        assert problem in output
 
 
 # --- apply mode -------------------------------------------------------------------------------------------------
@@ -276,7 +299,7 @@ def test_settings_the_pod_would_refuse_fail_the_play_with_every_problem(tmp_path
 
 def test_apply_mode_reaches_the_api_server(tmp_path):
     """Check mode against a closed port: the first apply fails on the connection, not on its arguments."""
-    inventory = write_inventory(tmp_path, {"cp-1": "10.20.0.11"})
+    inventory = control_plane_inventory(tmp_path, {"cp-1": "10.20.0.11"})
     extra = {
         "gpufleet_k8s_mode": "apply",
         "gpufleet_kubeconfig": closed_port_kubeconfig(tmp_path),
