@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test bench-mig bench-extender bench-scheduler lint sanity pytest integration k8s-assets go-test molecule molecule-images scheduler-image system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test bench-mig bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images scheduler-image system-deps build clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
@@ -51,13 +51,18 @@ lab-reset:
 	rm -rf $(LAB_DIR)
 
 # --- the suite ---------------------------------------------------------------------------------------------
-test: venv collection-link lint build pytest go-test integration bench-mig sanity molecule
+test: venv collection-link lint typecheck build pytest go-test integration bench-mig sanity molecule
 	@echo "make test: all checks passed"
 
 lint: venv collection-link
 	ruff check .
 	ruff format --check .
 	ansible-lint --profile production
+
+# mypy --strict over the extender package and plugins/module_utils (settings and the list of modules not yet clean
+# in mypy.ini).
+typecheck: venv
+	mypy
 
 build: venv
 	rm -rf build/dist && mkdir -p build/dist

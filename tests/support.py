@@ -51,6 +51,13 @@ def run_playbook(
     )
 
 
+def write_inventory(tmp_path: Path, inventory: dict) -> str:
+    """Write an inventory (the YAML shape as a dict) to tmp_path/inventory.yml; return its path."""
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return str(path)
+
+
 def free_port() -> int:
     """A 127.0.0.1 port nothing listens on right now."""
     with socket.socket() as probe:

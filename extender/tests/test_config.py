@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +115,68 @@ def test_serve_refuses_to_start_with_exit_code_2(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "invalid extender settings" in err and "MEM_UTIL_THRESHOLD" in err
     assert "Traceback" not in err
+
+
+def test_serve_lists_every_problem_at_once(monkeypatch, capsys):
+    # A field error does not hide the rules between settings, and no rule hides another.
+    for name, value in {
+        "MEM_UTIL_THRESHOLD": "7",
+        "WEIGHT_GPU_UTIL": "0.9",
+        "SCORING_STRATEGY": "auto",
+        "AUTO_PACK_BELOW": "0.7",
+        "AUTO_HYSTERESIS": "0.5",
+        "PACK_TARGET_UTIL": "0.85",
+    }.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    try:
+        assert main(["serve", "--port", "1"]) == EXIT_BAD_SETTINGS
+    finally:
+        get_settings.cache_clear()
+    assert capsys.readouterr().err == (
+        "gpufleet-extender: invalid extender settings:\n"
+        "  MEM_UTIL_THRESHOLD: Input should be less than or equal to 1\n"
+        "  settings: WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got 0.9 + 0.3 = 1.2)\n"
+        "  settings: PACK_TARGET_UTIL (0.85) must be below GPU_UTIL_THRESHOLD (0.8) with SCORING_STRATEGY=auto\n"
+        "  settings: AUTO_PACK_BELOW + AUTO_HYSTERESIS must be below 1 (got 0.7 + 0.5): auto would never spread\n"
+    )
+
+
+def test_a_rule_reading_an_invalid_field_is_left_to_that_fields_error():
+    with pytest.raises(SettingsError) as caught:
+        load_settings(scoring_strategy="pack", gpu_util_threshold="high", pack_target_util=0.9)
+    assert str(caught.value) == (
+        "invalid extender settings:\n"
+        "  GPU_UTIL_THRESHOLD: Input should be a valid number, unable to parse string as a number"
+    )
+
+
+def test_check_config_reads_stdin_alone_and_gives_the_pods_message(monkeypatch, capsys):
+    # The ConfigMap's data, strings as envFrom hands them over; the caller's environment must not count.
+    monkeypatch.setenv("SCORING_STRATEGY", "spread")
+    data = {"SCORING_STRATEGY": "auto", "AUTO_PACK_BELOW": "0.6", "AUTO_HYSTERESIS": "0.5"}
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(data)))
+    assert main(["check-config", "-"]) == EXIT_BAD_SETTINGS
+    assert capsys.readouterr().err == (
+        "gpufleet-extender: invalid extender settings:\n"
+        "  settings: AUTO_PACK_BELOW + AUTO_HYSTERESIS must be below 1 (got 0.6 + 0.5): auto would never spread\n"
+    )
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({**data, "AUTO_PACK_BELOW": "0.4"})))
+    assert main(["check-config", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["SCORING_STRATEGY"] == "auto"
+    monkeypatch.setattr("sys.stdin", io.StringIO("[1]"))
+    assert main(["check-config", "-"]) == EXIT_BAD_SETTINGS
+    assert "must hold a JSON mapping of settings, not list" in capsys.readouterr().err
+
+
+def test_readme_table_states_the_defaults_of_the_code():
+    # The defaults are written once (scoring.Policy, then Settings); the README's table must say the same.
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    documented = dict(re.findall(r"^\| `([A-Z_]+)` \| `([^`]*)` \|", readme, re.M))
+    defaults = load_settings().model_dump(mode="json")
+    checked = 0
+    for name, text in documented.items():
+        if isinstance(defaults.get(name), float | int) and not isinstance(defaults[name], bool):
+            assert float(text) == defaults[name], name
+            checked += 1
+    assert checked >= 10

@@ -10,6 +10,7 @@ from collections import Counter
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_instances
+from ansible_collections.gpufleet.mig.plugins.module_utils.layout import profile_slices
 
 WHOLE_GPU = "gpu"
 
@@ -52,7 +53,7 @@ def _describe(counts: Counter) -> str:
     """'8 x 3g.40gb, 12 x 2g.20gb' (largest profiles first), whole GPUs as 'whole GPU'."""
 
     def size(profile: str) -> int:
-        return 100 if profile == WHOLE_GPU else int(profile.split("g.", 1)[0])
+        return 100 if profile == WHOLE_GPU else profile_slices(profile)
 
     parts = [
         f"{counts[p]} x {'whole GPU' if p == WHOLE_GPU else p}" for p in sorted(counts, key=lambda p: (-size(p), p))

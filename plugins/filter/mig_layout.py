@@ -10,7 +10,7 @@ from collections import Counter
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError
-from ansible_collections.gpufleet.mig.plugins.module_utils.layout import node_layout
+from ansible_collections.gpufleet.mig.plugins.module_utils.layout import node_layout, profile_slices
 
 DOCUMENTATION_NOTE = """
 Resource names follow the NVIDIA device plugin's mixed strategy: every MIG profile whose compute instance spans the
@@ -46,9 +46,18 @@ def mig_node_resources(config, gpu_count, product=None) -> dict:
     return {("nvidia.com/gpu" if name == "gpu" else f"nvidia.com/mig-{name}"): counts[name] for name in sorted(counts)}
 
 
+def mig_profile_slices(profile) -> int:
+    """3 for "3g.40gb" (the weight of an instance in a node's load); AnsibleFilterError for what is no profile."""
+    try:
+        return profile_slices(str(profile))
+    except ValueError as exc:
+        raise AnsibleFilterError(f"mig_profile_slices: {profile!r} is not a MIG profile name ({exc})") from None
+
+
 class FilterModule:
     def filters(self):
         return {
             "mig_node_resources": mig_node_resources,
             "mig_node_instances": mig_node_instances,
+            "mig_profile_slices": mig_profile_slices,
         }

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 _NVML_BACKEND_ARGS = {
     "nvml_sim_state": {"type": "path", "required": False},
 }
 
 
-def nvml_backend_args() -> dict:
+def nvml_backend_args() -> dict[str, Any]:
     return copy.deepcopy(_NVML_BACKEND_ARGS)

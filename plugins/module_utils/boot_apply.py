@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from .exceptions import MigError, SpecError
 from .nvml_backend import open_nvml
@@ -23,7 +24,7 @@ EXIT_BAD_INPUT = 2
 EXIT_PENDING = 3
 
 
-def load_request(path: str) -> dict:
+def load_request(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
             request = json.load(handle)

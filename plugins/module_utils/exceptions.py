@@ -6,11 +6,13 @@ Every error that can happen after something was written carries `results`: the p
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MigError(Exception):
     """Base of all errors raised by gpufleet.mig's module_utils."""
 
-    def __init__(self, message: str, results: list | None = None):
+    def __init__(self, message: str, results: list[Any] | None = None):
         super().__init__(message)
         self.message = message
         self.results = results or []
@@ -26,6 +28,10 @@ class BusyInstanceError(MigError):
 
 class NvmlUnavailableError(MigError):
     """Neither the NVML library nor a simulator state file could be used."""
+
+
+class SimulatorStateError(NvmlUnavailableError):
+    """The NVML simulator's state file cannot be used (unreadable, not JSON, unsupported version, wrong shape)."""
 
 
 class NvmlError(MigError):

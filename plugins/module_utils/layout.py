@@ -60,8 +60,12 @@ def node_layout(config: Any, gpu_count: Any, product: str | None = None) -> list
     return layout
 
 
-def compute_slices(profile: str) -> int:
-    """GPU slices of a profile from its name: ``3g.40gb`` -> 3, ``1g.10gb+me`` -> 1 (ValueError if not a name)."""
+def profile_slices(profile: str) -> int:
+    """Slices of a profile from its name (the G of <G>g.<GB>gb): ``3g.40gb`` -> 3, ``1g.10gb+me`` -> 1.
+
+    The one place a profile name is read for its size (descheduler weights, fleet summary); ValueError if the text
+    is not a profile name.
+    """
     return parse_profile_name(profile).gpu
 
 

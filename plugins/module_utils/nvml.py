@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 from .exceptions import NvmlError, NvmlUnavailableError
 
@@ -155,39 +156,40 @@ class NvmlInterface:
         raise NotImplementedError
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class PynvmlBackend(NvmlInterface):
     """NvmlInterface on nvidia-ml-py. `lib` is the pynvml module (injectable for tests)."""
 
-    def __init__(self, lib=None):
+    def __init__(self, lib: Any = None) -> None:
         if lib is None:
             try:
-                import pynvml as lib  # the one pynvml import of the collection
+                import pynvml  # the one pynvml import of the collection
             except ImportError as exc:
                 raise NvmlUnavailableError(
                     f"nvidia-ml-py (pynvml) is not installed for this Python ({exc}); install it, or set "
                     f"{SIM_ENV} / nvml_sim_state to use the simulator"
                 ) from None
+            lib = pynvml
         self._lib = lib
         self._handles: dict[int, object] = {}
         self._call("nvmlInit")
 
-    def _call(self, name: str, *args):
+    def _call(self, name: str, *args: Any) -> Any:
         try:
             return getattr(self._lib, name)(*args)
         except self._lib.NVMLError as exc:
             code = getattr(exc, "value", 999)
             raise NvmlError(name, code, error_name(code)) from None
 
-    def _handle(self, index: int):
+    def _handle(self, index: int) -> Any:
         if index not in self._handles:
             self._handles[index] = self._call("nvmlDeviceGetHandleByIndex", index)
         return self._handles[index]
 
-    def _gi(self, index: int, gi_id: int):
+    def _gi(self, index: int, gi_id: int) -> Any:
         return self._call("nvmlDeviceGetGpuInstanceById", self._handle(index), gi_id)
 
     def device_count(self) -> int:
@@ -274,7 +276,7 @@ class PynvmlBackend(NvmlInterface):
             )
         return profiles
 
-    def _compute_instance_profiles(self, gi) -> list:
+    def _compute_instance_profiles(self, gi: Any) -> list[Any]:
         found = []
         for enum in range(COMPUTE_INSTANCE_PROFILE_COUNT):
             try:

@@ -24,8 +24,9 @@ import os
 import sys
 import tempfile
 import uuid as uuidlib
+from typing import Any
 
-from .exceptions import NvmlError
+from .exceptions import MigError, NvmlError, SimulatorStateError
 from .nvml import (
     ERROR_CODES,
     SUCCESS,
@@ -36,7 +37,7 @@ from .nvml import (
     ProcessRecord,
     ProfileInfo,
 )
-from .profile_tables import MEMORY_SLICES, PROFILE_COUNT, product_table
+from .profile_tables import MEMORY_SLICES, PROFILE_COUNT, ProductTable, ProfileRow, product_table
 
 STATE_VERSION = 1
 DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
@@ -61,7 +62,7 @@ CALLS = {
 }
 
 
-def new_gpu(index: int, product: str) -> dict:
+def new_gpu(index: int, product: str) -> dict[str, Any]:
     table = product_table(product)
     return {
         "index": index,
@@ -78,10 +79,30 @@ def new_gpu(index: int, product: str) -> dict:
     }
 
 
-def new_state(gpus: int | None = None, product: str | None = None) -> dict:
+def new_state(gpus: int | None = None, product: str | None = None) -> dict[str, Any]:
     gpus = gpus if gpus is not None else int(os.environ.get(GPUS_ENV, DEFAULT_GPUS))
     product = product or os.environ.get(PRODUCT_ENV, DEFAULT_PRODUCT)
     return {"version": STATE_VERSION, "gpus": [new_gpu(i, product) for i in range(gpus)], "faults": []}
+
+
+def load_state(path: str) -> dict[str, Any]:
+    """Read a state file; every problem with it is one SimulatorStateError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            state = json.load(handle)
+    except OSError as exc:
+        raise SimulatorStateError(f"cannot read simulator state {path}: {exc.strerror}") from None
+    except ValueError as exc:  # json.JSONDecodeError, or bytes that are not UTF-8
+        raise SimulatorStateError(f"simulator state {path} is not valid JSON: {exc}") from None
+    if not isinstance(state, dict):
+        raise SimulatorStateError(f"simulator state {path} must be a JSON object, not {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise SimulatorStateError(
+            f"simulator state {path}: unsupported version {state.get('version')!r} (supported: {STATE_VERSION})"
+        )
+    if not isinstance(state.get("gpus"), list):
+        raise SimulatorStateError(f"simulator state {path}: 'gpus' must be a list")
+    return state
 
 
 def _error(call: str, name: str, detail: str = "") -> NvmlError:
@@ -94,10 +115,7 @@ class SimulatedNvml(NvmlInterface):
     def __init__(self, path: str):
         self.path = path
         if os.path.exists(path):
-            with open(path, encoding="utf-8") as handle:
-                self.state = json.load(handle)
-            if self.state.get("version") != STATE_VERSION:
-                raise ValueError(f"{path}: unsupported simulator state version {self.state.get('version')!r}")
+            self.state = load_state(path)
         else:
             self.state = new_state()
             self._save()
@@ -132,29 +150,41 @@ class SimulatedNvml(NvmlInterface):
             raise _error(call, name, "injected by the simulator")
         return None
 
-    def _gpu(self, index: int, operation: str) -> dict:
+    def _gpu(self, index: int, operation: str) -> dict[str, Any]:
         gpus = self.state["gpus"]
         if not 0 <= index < len(gpus):
             raise _error(CALLS[operation], "INVALID_ARGUMENT", f"no GPU {index}")
-        return gpus[index]
+        gpu: dict[str, Any] = gpus[index]
+        return gpu
 
-    def _table(self, gpu: dict):
+    def _table(self, gpu: dict[str, Any]) -> ProductTable:
         return product_table(gpu["name"])
 
-    def _row_by_id(self, gpu: dict, profile_id: int):
+    def _row_by_id(self, gpu: dict[str, Any], profile_id: int) -> ProfileRow | None:
         for row in self._table(gpu).profiles:
             if row.id == profile_id:
                 return row
         return None
 
-    def _require_mig(self, gpu: dict, operation: str) -> None:
+    def _instance_row(self, gpu: dict[str, Any], gi: dict[str, Any]) -> ProfileRow:
+        """The profile of an existing GPU instance (one the state file names with an unknown profile is corrupt)."""
+        row = self._row_by_id(gpu, gi["profile_id"])
+        if row is None:
+            raise SimulatorStateError(
+                f"simulator state {self.path}: GPU {gpu['index']} instance {gi['id']} has unknown profile id "
+                f"{gi['profile_id']}"
+            )
+        return row
+
+    def _require_mig(self, gpu: dict[str, Any], operation: str) -> None:
         if not gpu["mig_mode"]["current"]:
             raise _error(CALLS[operation], "NOT_SUPPORTED", f"MIG mode is not enabled on GPU {gpu['index']}")
 
-    def _find_gi(self, gpu: dict, gi_id: int, operation: str) -> dict:
+    def _find_gi(self, gpu: dict[str, Any], gi_id: int, operation: str) -> dict[str, Any]:
         for gi in gpu["gpu_instances"]:
             if gi["id"] == gi_id:
-                return gi
+                found: dict[str, Any] = gi
+                return found
         raise _error(CALLS[operation], "NOT_FOUND", f"no GPU instance {gi_id} on GPU {gpu['index']}")
 
     # -- NvmlInterface -------------------------------------------------------------------------------------------
@@ -200,7 +230,7 @@ class SimulatedNvml(NvmlInterface):
         self._save()
         return status
 
-    def _apply_reset(self, gpu: dict) -> None:
+    def _apply_reset(self, gpu: dict[str, Any]) -> None:
         # MIG instances do not survive a reset; the pending mode becomes current.
         gpu["mig_mode"]["current"] = gpu["mig_mode"]["pending"]
         gpu["gpu_instances"] = []
@@ -246,7 +276,7 @@ class SimulatedNvml(NvmlInterface):
         for gi in sorted(gpu["gpu_instances"], key=lambda g: g["id"]):
             if gi["profile_id"] not in profile_ids:
                 continue
-            row = self._row_by_id(gpu, gi["profile_id"])
+            row = self._instance_row(gpu, gi)
             cis = tuple((ci["id"], row.slice_count) for ci in gi["compute_instances"])
             records.append(GpuInstanceRecord(gi["id"], gi["profile_id"], gi["start"], gi["size"], cis))
         return records
@@ -258,7 +288,7 @@ class SimulatedNvml(NvmlInterface):
             return []
         records = []
         for gi in sorted(gpu["gpu_instances"], key=lambda g: g["id"]):
-            row = self._row_by_id(gpu, gi["profile_id"])
+            row = self._instance_row(gpu, gi)
             for ci in gi["compute_instances"]:
                 records.append(MigDeviceRecord(gi["id"], ci["id"], ci["uuid"], row.memory_mib))
         return records
@@ -282,12 +312,12 @@ class SimulatedNvml(NvmlInterface):
         if start not in row.starts or size != row.size:
             raise _error(CALLS[operation], "INVALID_ARGUMENT", f"{start}:{size} is not a placement of {row.name}")
         existing = gpu["gpu_instances"]
-        used = set()
+        used: set[int] = set()
         compute = 0
         same_profile = 0
         for gi in existing:
             used.update(range(gi["start"], gi["start"] + gi["size"]))
-            other = self._row_by_id(gpu, gi["profile_id"])
+            other = self._instance_row(gpu, gi)
             compute += other.slice_count
             same_profile += gi["profile_id"] == profile_id
         full = self._table(gpu).profiles[-1].slice_count
@@ -307,7 +337,7 @@ class SimulatedNvml(NvmlInterface):
         self._maybe_fail(operation, index)
         gpu = self._gpu(index, operation)
         gi = self._find_gi(gpu, gi_id, operation)
-        row = self._row_by_id(gpu, gi["profile_id"])
+        row = self._instance_row(gpu, gi)
         if slice_count != row.slice_count or gi["compute_instances"]:
             raise _error(CALLS[operation], "INSUFFICIENT_RESOURCES", f"GPU instance {gi_id} has no room")
         gi["compute_instances"].append({"id": 0, "uuid": f"MIG-{uuidlib.uuid4()}"})
@@ -347,7 +377,9 @@ class SimulatedNvml(NvmlInterface):
         """Nothing to release: every change is already saved."""
 
     # -- test/lab helpers (not part of NvmlInterface) -------------------------------------------------------------
-    def add_process(self, index: int, pid: int, gi_id: int | None = None, ci_id: int | None = 0, used_mib: int = 1024):
+    def add_process(
+        self, index: int, pid: int, gi_id: int | None = None, ci_id: int | None = 0, used_mib: int = 1024
+    ) -> None:
         gpu = self._gpu(index, "running_processes")
         if gi_id is not None:
             self._find_gi(gpu, gi_id, "running_processes")
@@ -361,7 +393,9 @@ class SimulatedNvml(NvmlInterface):
         )
         self._save()
 
-    def add_fault(self, call: str, error: str, gpu: int | None = None, skip: int = 0, times: int = 1, as_status=False):
+    def add_fault(
+        self, call: str, error: str, gpu: int | None = None, skip: int = 0, times: int = 1, as_status: bool = False
+    ) -> None:
         if call not in CALLS.values():
             raise ValueError(f"unknown NVML call {call!r}; known: {', '.join(sorted(CALLS.values()))}")
         if error not in ERROR_CODES:
@@ -403,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             sim.add_fault(args.call, args.error, args.gpu, args.skip, args.times)
         else:
             sys.stdout.write(json.dumps(sim.state, indent=2, sort_keys=True) + "\n")
-    except (NvmlError, ValueError, KeyError) as exc:
+    except (MigError, ValueError, KeyError) as exc:
         sys.stderr.write(f"nvml_sim: {exc}\n")
         return 1
     return 0

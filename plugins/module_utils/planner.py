@@ -13,11 +13,14 @@ placements.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from typing import Any
 
 from .exceptions import BusyInstanceError, SpecError
 from .nvml import ProfileInfo  # re-exported: the catalog is made of what NVML reports
+from .profile_tables import ProductTable
 from .spec import GpuTarget, parse_profile_name
 
 __all__ = ["Catalog", "GpuPlan", "GpuState", "Instance", "ProfileInfo", "Slot", "plan_gpu", "validate_target"]
@@ -34,7 +37,7 @@ class Catalog:
         self.memory_slices = max((start + size for p in self.profiles for start, size in p.placements), default=0)
 
     @classmethod
-    def from_table(cls, table) -> Catalog:
+    def from_table(cls, table: ProductTable) -> Catalog:
         """Catalog from a profile_tables.ProductTable (offline validation on the controller)."""
         return cls(
             [
@@ -54,7 +57,7 @@ class Catalog:
     def names(self) -> list[str]:
         return [p.name for p in self.profiles]
 
-    def as_dict(self) -> list[dict]:
+    def as_dict(self) -> list[dict[str, Any]]:
         return [
             {
                 "name": p.name,
@@ -91,7 +94,7 @@ class Slot:
     start: int
     size: int
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"profile": self.profile, "start": self.start}
 
 
@@ -135,7 +138,7 @@ class GpuPlan:
         """
         return bool(self.destroy) or self.mig_before != self.mig_after
 
-    def actions(self) -> list[dict]:
+    def actions(self) -> list[dict[str, Any]]:
         """Instance actions in execution order: all destroys, then creates by start."""
         return [{"op": "destroy", "profile": i.profile, "start": i.start} for i in self.destroy] + [
             {"op": "create", "profile": s.profile, "start": s.start} for s in self.create
@@ -148,7 +151,7 @@ def _fits(slot: tuple[int, int], occupied: list[bool]) -> bool:
 
 
 def search_placement(
-    wanted: dict[str, int], catalog: Catalog, fixed: list[Slot] = (), first_only: bool = True
+    wanted: dict[str, int], catalog: Catalog, fixed: Sequence[Slot] = (), first_only: bool = True
 ) -> list[Slot] | None:
     """Exact search: place `wanted` (profile -> count) around the `fixed` slots, or None when impossible.
 

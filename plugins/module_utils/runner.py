@@ -9,7 +9,8 @@ An NVML failure in step 3 raises ApplyError carrying the per-GPU results so far;
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .exceptions import ApplyError, BusyInstanceError, NvmlError, SpecError
 from .gpu_info import read_gpu_state
@@ -76,7 +77,7 @@ def read_gpu(nvml: NvmlInterface, index: int, catalog: Catalog) -> GpuState:
 
 
 def plan(
-    nvml: NvmlInterface, config: list, force: bool, missing_devices: str = "fail"
+    nvml: NvmlInterface, config: list[Any], force: bool, missing_devices: str = "fail"
 ) -> list[tuple[GpuPlan, Catalog]]:
     """Validate the whole request and plan every selected GPU; raises before anything is written.
 
@@ -102,7 +103,7 @@ def plan(
     return plans
 
 
-def gpu_result(gpu_plan: GpuPlan) -> dict:
+def gpu_result(gpu_plan: GpuPlan) -> dict[str, Any]:
     """The per-GPU entry of the module's `gpus` return value (before anything is done)."""
     return {
         "index": gpu_plan.index,
@@ -124,10 +125,10 @@ def gpu_result(gpu_plan: GpuPlan) -> dict:
 class _Applier:
     """Applies one GPU's plan, recording each finished step in `result["done"]`."""
 
-    def __init__(self, nvml: NvmlInterface, catalog: Catalog, result: dict, reset: bool, progress: Progress):
+    def __init__(self, nvml: NvmlInterface, catalog: Catalog, result: dict[str, Any], reset: bool, progress: Progress):
         self.nvml, self.catalog, self.result, self.reset, self.progress = nvml, catalog, result, reset, progress
 
-    def _done(self, step: dict) -> None:
+    def _done(self, step: dict[str, Any]) -> None:
         self.result["done"].append(step)
         detail = f" {step['profile']}@{step['start']}" if "profile" in step else ""
         self.progress(f"GPU {self.result['index']}: {step['op']}{detail}")
@@ -207,13 +208,13 @@ class _Applier:
 
 def apply(
     nvml: NvmlInterface,
-    config: list,
+    config: list[Any],
     force: bool = False,
     reset: bool = True,
     check_mode: bool = False,
     progress: Progress = _quiet,
     missing_devices: str = "fail",
-) -> dict:
+) -> dict[str, Any]:
     """Plan and (unless check_mode) apply. Returns {"gpus": [...], "changed": bool, "reboot_required": bool}."""
     plans = plan(nvml, config, force, missing_devices)
     results = [gpu_result(p) for p, _catalog in plans]
@@ -229,7 +230,7 @@ def apply(
     return summarize(results)
 
 
-def summarize(results: list[dict]) -> dict:
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "gpus": results,
         "changed": any(r["changed"] for r in results),
@@ -238,11 +239,13 @@ def summarize(results: list[dict]) -> dict:
     }
 
 
-def _failure_message(failed: dict, exc: NvmlError, results: list[dict], busy: list[str] = ()) -> str:
-    def describe(step: dict) -> str:
+def _failure_message(
+    failed: dict[str, Any], exc: NvmlError, results: list[dict[str, Any]], busy: Sequence[str] = ()
+) -> str:
+    def describe(step: dict[str, Any]) -> str:
         if "profile" in step:
             return f"{step['op']} {step['profile']}@{step['start']}"
-        return step["op"]
+        return str(step["op"])
 
     done = ", ".join(describe(s) for s in failed["done"]) or "nothing"
     finished = [str(r["index"]) for r in results if r["changed"] and not r.get("failed") and r["done"]]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from .exceptions import SpecError
 
@@ -168,7 +169,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _show(value) -> str:
+def _show(value: object) -> str:
     # Values go into messages: a 5,000-digit string must not (and repr() of a 5,000-digit int raises).
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**40:
         return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
@@ -176,7 +177,7 @@ def _show(value) -> str:
     return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
 
 
-def _as_int(value, what: str, position: int) -> int:
+def _as_int(value: object, what: str, position: int) -> int:
     # bool is an int subclass in Python; "true" must not become a count of 1. ASCII digits only: "²".isdigit()
     # is True but int() refuses it, and a huge digit string would hit int()'s limit.
     if isinstance(value, bool):
@@ -190,7 +191,7 @@ def _as_int(value, what: str, position: int) -> int:
     raise _fail(position, f"{what} must be an integer, got {_show(value)}")
 
 
-def _as_bool(value, what: str, position: int) -> bool:
+def _as_bool(value: object, what: str, position: int) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "yes", "on", "false", "no", "off"):
@@ -201,14 +202,14 @@ def _as_bool(value, what: str, position: int) -> bool:
 _PCI_ID = re.compile(r"(?:0[xX])?([0-9a-fA-F]{1,8})")
 
 
-def _parse_pci_id(value, position: int) -> DeviceId:
+def _parse_pci_id(value: object, position: int) -> DeviceId:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0xFFFFFFFF:
         return DeviceId(value)
     if isinstance(value, str):
         parts = value.strip().split(":")
         matches = [_PCI_ID.fullmatch(part) for part in parts]
         if len(parts) in (1, 2) and all(matches):
-            ids = [int(m.group(1), 16) for m in matches]
+            ids = [int(m.group(1), 16) for m in matches if m is not None]
             return DeviceId(ids[0], ids[1] if len(ids) == 2 else None)
     raise _fail(
         position,
@@ -217,7 +218,7 @@ def _parse_pci_id(value, position: int) -> DeviceId:
     )
 
 
-def parse_entry(raw, position: int) -> LayoutEntry:
+def parse_entry(raw: object, position: int) -> LayoutEntry:
     """Validate one entry's shape and normalise it."""
     if not isinstance(raw, dict):
         raise _fail(position, f"each entry must be a mapping, got {type(raw).__name__}")
@@ -273,7 +274,7 @@ def parse_entry(raw, position: int) -> LayoutEntry:
     return LayoutEntry(devices, mig_enabled, counts, device_filter, position)
 
 
-def parse_config(config) -> list[LayoutEntry]:
+def parse_config(config: object) -> list[LayoutEntry]:
     """Validate the whole `config` list; raises SpecError naming the entry and the problem."""
     if not isinstance(config, (list, tuple)) or not config:
         raise SpecError("config must be a non-empty list of entries ({devices, mig_enabled, mig_devices})")
@@ -300,7 +301,7 @@ def targets_for_gpus(
     present = {gpu.index for gpu in gpus}
     for entry in entries:
         if entry.devices != "all" and missing_devices == "fail":
-            missing = sorted(set(entry.devices) - present)
+            missing = sorted({int(i) for i in entry.devices} - present)
             if missing:
                 raise _fail(
                     entry.position,
@@ -327,7 +328,7 @@ def targets_for_gpus(
 _MIG_PARTED_KEYS = ("device-filter", "devices", "mig-enabled", "mig-devices")
 
 
-def _check_mig_parted_entry(raw, where: str) -> None:
+def _check_mig_parted_entry(raw: object, where: str) -> None:
     """mig-parted's own rules for one entry (api/spec/v1/spec.go MigConfigSpec, pkg/types/mig_config.go)."""
     if not isinstance(raw, dict):
         raise SpecError(f"{where}: must be a mapping, got {_show(raw)}")
@@ -368,7 +369,7 @@ def _check_mig_parted_entry(raw, where: str) -> None:
         raise SpecError(f"{where}: all counts of mig-devices are 0")
 
 
-def config_from_mig_parted(document, config_name: str) -> list[dict]:
+def config_from_mig_parted(document: object, config_name: str) -> list[dict[str, Any]]:
     """Turn a parsed mig-parted config document (`version: v1`, `mig-configs:`) into our entry list.
 
     The whole file is checked with mig-parted's rules first, every config in it (mig-parted parses the file as a

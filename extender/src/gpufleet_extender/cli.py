@@ -1,4 +1,4 @@
-"""``gpufleet-extender`` command line: ``serve`` here; other subcommands plug in through COMMAND_MODULES.
+"""``gpufleet-extender`` command line: ``serve`` and ``check-config`` here; others plug in through COMMAND_MODULES.
 
 A command module exposes ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> exit code``.
 Modules that are not installed are skipped, so the CLI works at every stage of the project.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -64,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_serve(subparsers: argparse._SubParsersAction) -> None:
+def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = subparsers.add_parser("serve", help="run the HTTP extender kube-scheduler calls")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
@@ -77,6 +78,37 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=_serve)
 
 
+def _check_config(args: argparse.Namespace) -> int:
+    """Validate a settings mapping (a file, or JSON on stdin with ``-``) without the environment; print it back."""
+    from gpufleet_extender.config import SettingsError, check_settings, read_config_file
+
+    try:
+        if args.file == "-":
+            try:
+                values = json.loads(sys.stdin.read() or "{}")
+            except json.JSONDecodeError as exc:
+                raise SettingsError(f"stdin is not a JSON mapping of settings: {exc}") from None
+            if not isinstance(values, dict):
+                raise SettingsError(f"stdin must hold a JSON mapping of settings, not {type(values).__name__}")
+        else:
+            values = read_config_file(args.file)
+        settings = check_settings(values)
+    except SettingsError as exc:
+        print(f"gpufleet-extender: {exc}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    print(settings.model_dump_json())
+    return 0
+
+
+def _add_check_config(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check = subparsers.add_parser(
+        "check-config",
+        help="validate settings as the extender would at start, from a file or stdin alone (not the environment)",
+    )
+    check.add_argument("file", help="YAML or JSON settings file, or - for a JSON mapping on stdin (a ConfigMap's data)")
+    check.set_defaults(handler=_check_config)
+
+
 def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
     """The CLI. ``serve_only`` leaves the other commands unimported: the kubelet's probes time serve's start."""
     parser = argparse.ArgumentParser(
@@ -85,6 +117,7 @@ def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
+    _add_check_config(subparsers)
     for name, module_name in ({} if serve_only else COMMAND_MODULES).items():
         try:
             module = importlib.import_module(module_name)
@@ -101,7 +134,8 @@ def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(serve_only=argv[:1] == ["serve"]).parse_args(argv)
-    return args.handler(args)
+    status: int = args.handler(args)
+    return status
 
 
 if __name__ == "__main__":

@@ -6,8 +6,13 @@ Sources, highest priority first:
 2. the ``--config`` file (YAML or JSON mapping with the same keys, any case);
 3. the defaults below.
 
-``load_settings()`` turns every problem (unreadable file, unknown key, bad value) into one
-``SettingsError`` whose message lists what is wrong; the CLI prints it and exits with code 2.
+``load_settings()`` turns every problem (unreadable file, unknown key, bad value, and the rules between
+settings, such as the weights adding up to 1) into one ``SettingsError`` whose message lists all of them at once;
+the CLI prints it and exits with code 2. ``check_settings()`` applies the same validation to a mapping alone,
+without the environment: ``gpufleet-extender check-config`` is how the gpu_extender role checks the ConfigMap it is
+about to deploy, so a value the pod would refuse fails the play with the pod's message.
+
+The scoring defaults (thresholds, weights, packing) are ``scoring.Policy``'s: written once, there.
 """
 
 from __future__ import annotations
@@ -15,16 +20,21 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpufleet_extender.scoring import Policy
 from gpufleet_extender.scoring import Strategy as ScoringStrategy  # spread | pack | auto, described there
+
+_DEFAULT_POLICY = Policy()  # the one place the scoring defaults are written
 
 # The CLI hands ``--config`` to get_settings() through this variable, so a worker started by uvicorn
 # (or a test) sees the same file.
@@ -62,15 +72,15 @@ class Settings(BaseSettings):
 
     PROMETHEUS_URL: str = "http://127.0.0.1:9090"
     PROMETHEUS_TIMEOUT_SECONDS: float = Field(2.0, gt=0, le=60)
-    GPU_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = 0.8
-    MEM_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
-    WEIGHT_GPU_UTIL: Fraction = 0.7
-    WEIGHT_MEM_UTIL: Fraction = 0.3
+    GPU_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = _DEFAULT_POLICY.gpu_util_threshold
+    MEM_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = _DEFAULT_POLICY.mem_util_threshold
+    WEIGHT_GPU_UTIL: Fraction = _DEFAULT_POLICY.weight_gpu_util
+    WEIGHT_MEM_UTIL: Fraction = _DEFAULT_POLICY.weight_mem_util
     METRICS_SOURCE: MetricsSourceKind = MetricsSourceKind.PROMETHEUS
     METRICS_FILE: Path | None = None
     METRICS_REFRESH_SECONDS: float = Field(5.0, gt=0, le=3600)
     # 0 turns staleness off (a static METRICS_FILE stays valid for ever).
-    METRICS_MAX_AGE_SECONDS: float = Field(30.0, ge=0)
+    METRICS_MAX_AGE_SECONDS: float = Field(_DEFAULT_POLICY.max_age_seconds, ge=0)
     # Samples dated further ahead than this (some clock is wrong) are not trusted: the node counts as without metrics.
     METRICS_MAX_CLOCK_SKEW_SECONDS: float = Field(5.0, ge=0)
     ON_MISSING_METRICS: MissingMetricsPolicy = MissingMetricsPolicy.ALLOW
@@ -82,12 +92,12 @@ class Settings(BaseSettings):
     KUBE_API: KubeApiMode = KubeApiMode.AUTO
     # An assumed (recently bound) pod stops counting after this long even if no sample covered it.
     INFLIGHT_MAX_SECONDS: float = Field(120.0, gt=0)
-    SCORING_STRATEGY: ScoringStrategy = ScoringStrategy.SPREAD
-    PACK_TARGET_UTIL: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.6
+    SCORING_STRATEGY: ScoringStrategy = _DEFAULT_POLICY.strategy
+    PACK_TARGET_UTIL: Annotated[float, Field(gt=0.0, lt=1.0)] = _DEFAULT_POLICY.pack_target_util
     # auto packs while the fleet's mean load of a resource is below AUTO_PACK_BELOW and spreads once it is above
     # AUTO_PACK_BELOW + AUTO_HYSTERESIS; in between it keeps its mode, so it does not flap at the boundary.
-    AUTO_PACK_BELOW: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.4
-    AUTO_HYSTERESIS: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    AUTO_PACK_BELOW: Annotated[float, Field(gt=0.0, lt=1.0)] = _DEFAULT_POLICY.auto_pack_below
+    AUTO_HYSTERESIS: Annotated[float, Field(ge=0.0, lt=1.0)] = _DEFAULT_POLICY.auto_hysteresis
 
     @field_validator("NODE_NAME_LABELS", mode="before")
     @classmethod
@@ -110,35 +120,25 @@ class Settings(BaseSettings):
             raise ValueError(f"must start with http:// or https:// (got {value!r})")
         return value.rstrip("/")
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Settings:
-        total = self.WEIGHT_GPU_UTIL + self.WEIGHT_MEM_UTIL
-        # The score is 10 x (1 - load); load stays in 0..1 only when the weights add up to 1.
-        if not math.isclose(total, 1.0, abs_tol=1e-6):
-            raise ValueError(
-                f"WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got {self.WEIGHT_GPU_UTIL} + "
-                f"{self.WEIGHT_MEM_UTIL} = {total:g})"
-            )
-        if self.SCORING_STRATEGY is not ScoringStrategy.SPREAD:
-            self._check_packing()
-        if self.METRICS_SOURCE is MetricsSourceKind.FILE and self.METRICS_FILE is None:
-            raise ValueError("METRICS_SOURCE=file needs METRICS_FILE (a Prometheus text exposition file)")
-        return self
+    @model_validator(mode="wrap")
+    @classmethod
+    def _every_problem(cls, data: Any, handler: Callable[[Any], Settings]) -> Settings:
+        """Field errors and the rules between settings, all in one ValidationError.
 
-    def _check_packing(self) -> None:
-        # Packing aims below the filter's threshold: a target at or above it would rank highest the nodes
-        # the filter is about to refuse. Checked only when a packing strategy is on, so spread users who
-        # lower GPU_UTIL_THRESHOLD are not refused over a setting they do not use.
-        if self.PACK_TARGET_UTIL >= self.GPU_UTIL_THRESHOLD:
-            raise ValueError(
-                f"PACK_TARGET_UTIL ({self.PACK_TARGET_UTIL:g}) must be below GPU_UTIL_THRESHOLD "
-                f"({self.GPU_UTIL_THRESHOLD:g}) with SCORING_STRATEGY={self.SCORING_STRATEGY}"
-            )
-        if self.SCORING_STRATEGY is ScoringStrategy.AUTO and self.AUTO_PACK_BELOW + self.AUTO_HYSTERESIS >= 1.0:
-            raise ValueError(
-                f"AUTO_PACK_BELOW + AUTO_HYSTERESIS must be below 1 (got {self.AUTO_PACK_BELOW:g} + "
-                f"{self.AUTO_HYSTERESIS:g}): auto would never spread"
-            )
+        Pydantic skips model rules once a field fails; here the rules still run over the fields that are valid, so
+        a person fixing the file sees every problem in one go, not one per restart.
+        """
+        try:
+            settings = handler(data)
+        except ValidationError as exc:
+            errors: list[Any] = list(exc.errors())
+            bad = {str(e["loc"][0]) for e in errors if e["loc"]}
+            rule_errors = [_rule_error(p) for p in rule_problems(_valid_rule_fields(data, bad))]
+            raise ValidationError.from_exception_data(exc.title, errors + rule_errors) from None
+        problems = rule_problems(settings.model_dump())
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, [_rule_error(p) for p in problems])
+        return settings
 
     @classmethod
     def settings_customise_sources(
@@ -151,6 +151,98 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The config file arrives as init kwargs; the environment must win over it.
         return env_settings, init_settings
+
+
+# The rules between settings. Each names the fields it reads; it is checked whenever those fields are valid.
+def _weights_add_up(v: Mapping[str, Any]) -> str | None:
+    total = v["WEIGHT_GPU_UTIL"] + v["WEIGHT_MEM_UTIL"]
+    # The score is 10 x (1 - load); load stays in 0..1 only when the weights add up to 1.
+    if math.isclose(total, 1.0, abs_tol=1e-6):
+        return None
+    gpu, mem = v["WEIGHT_GPU_UTIL"], v["WEIGHT_MEM_UTIL"]
+    return f"WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got {gpu} + {mem} = {total:g})"
+
+
+def _pack_below_threshold(v: Mapping[str, Any]) -> str | None:
+    # Packing aims below the filter's threshold: a target at or above it would rank highest the nodes the filter is
+    # about to refuse. Checked only when a packing strategy is on, so spread users who lower GPU_UTIL_THRESHOLD are
+    # not refused over a setting they do not use.
+    if v["SCORING_STRATEGY"] == ScoringStrategy.SPREAD or v["PACK_TARGET_UTIL"] < v["GPU_UTIL_THRESHOLD"]:
+        return None
+    return (
+        f"PACK_TARGET_UTIL ({v['PACK_TARGET_UTIL']:g}) must be below GPU_UTIL_THRESHOLD "
+        f"({v['GPU_UTIL_THRESHOLD']:g}) with SCORING_STRATEGY={v['SCORING_STRATEGY']}"
+    )
+
+
+def _auto_can_spread(v: Mapping[str, Any]) -> str | None:
+    if v["SCORING_STRATEGY"] != ScoringStrategy.AUTO or v["AUTO_PACK_BELOW"] + v["AUTO_HYSTERESIS"] < 1.0:
+        return None
+    return (
+        f"AUTO_PACK_BELOW + AUTO_HYSTERESIS must be below 1 (got {v['AUTO_PACK_BELOW']:g} + "
+        f"{v['AUTO_HYSTERESIS']:g}): auto would never spread"
+    )
+
+
+def _file_source_has_file(v: Mapping[str, Any]) -> str | None:
+    if v["METRICS_SOURCE"] == MetricsSourceKind.FILE and v["METRICS_FILE"] is None:
+        return "METRICS_SOURCE=file needs METRICS_FILE (a Prometheus text exposition file)"
+    return None
+
+
+RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], str | None]], ...] = (
+    (("WEIGHT_GPU_UTIL", "WEIGHT_MEM_UTIL"), _weights_add_up),
+    (("SCORING_STRATEGY", "PACK_TARGET_UTIL", "GPU_UTIL_THRESHOLD"), _pack_below_threshold),
+    (("SCORING_STRATEGY", "AUTO_PACK_BELOW", "AUTO_HYSTERESIS"), _auto_can_spread),
+    (("METRICS_SOURCE", "METRICS_FILE"), _file_source_has_file),
+)
+
+
+def rule_problems(values: Mapping[str, Any]) -> list[str]:
+    """The rules between settings that `values` (validated values by field name) break; rules missing a field are
+    skipped (that field has an error of its own)."""
+    problems = []
+    for fields, rule in RULES:
+        if all(name in values for name in fields):
+            problem = rule(values)
+            if problem:
+                problems.append(problem)
+    return problems
+
+
+def _rule_error(problem: str) -> InitErrorDetails:
+    return {"type": PydanticCustomError("settings_rule", problem), "loc": (), "input": None}
+
+
+def _valid_rule_fields(data: Any, bad: set[str]) -> dict[str, Any]:
+    """The fields the rules read that validate on their own (given, else their default), by name."""
+    given = {str(k).upper(): v for k, v in data.items()} if isinstance(data, Mapping) else {}
+    values: dict[str, Any] = {}
+    for name in {field for fields, _rule in RULES for field in fields} - bad:
+        info = Settings.model_fields[name]
+        if name not in given:
+            values[name] = info.get_default(call_default_factory=True)
+            continue
+        try:
+            values[name] = TypeAdapter(info.rebuild_annotation()).validate_python(given[name])
+        except ValidationError:
+            continue
+    return values
+
+
+class _MappingOnlySettings(Settings):
+    """Settings from the given mapping alone (no environment), for checking a ConfigMap before it is deployed."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -173,21 +265,36 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return {str(key).upper(): value for key, value in data.items()}
 
 
+def _settings_error(exc: ValidationError) -> SettingsError:
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "settings"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown setting"
+        problems.append(f"  {where}: {message}")
+    return SettingsError("invalid extender settings:\n" + "\n".join(problems))
+
+
 def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
-    """Build Settings from an optional file plus the environment; raise SettingsError when invalid."""
+    """Build Settings from an optional file plus the environment; raise SettingsError listing every problem."""
     values = read_config_file(config_file) if config_file else {}
     values.update({key.upper(): value for key, value in overrides.items()})
     try:
         return Settings(**values)
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"]) or "settings"
-            message = error["msg"].removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                message = "unknown setting"
-            problems.append(f"  {where}: {message}")
-        raise SettingsError("invalid extender settings:\n" + "\n".join(problems)) from None
+        raise _settings_error(exc) from None
+
+
+def check_settings(values: Mapping[str, Any]) -> Settings:
+    """Validate a mapping of settings alone, as the extender would at start with exactly these variables set.
+
+    The environment of the caller is not read: this is the check of a ConfigMap before it is deployed.
+    """
+    try:
+        return _MappingOnlySettings(**{str(key).upper(): value for key, value in values.items()})
+    except ValidationError as exc:
+        raise _settings_error(exc) from None
 
 
 @lru_cache

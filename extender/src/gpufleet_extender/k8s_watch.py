@@ -67,7 +67,8 @@ StreamFunction = Callable[..., Iterable[Mapping[str, Any]]]  # kubernetes.watch.
 def _watch_stream(func: ListFunction, **kwargs: Any) -> Iterable[Mapping[str, Any]]:
     from kubernetes import watch
 
-    return watch.Watch().stream(func, **kwargs)
+    events: Iterable[Mapping[str, Any]] = watch.Watch().stream(func, **kwargs)
+    return events
 
 
 def describe_error(exc: BaseException) -> tuple[int | None, str]:

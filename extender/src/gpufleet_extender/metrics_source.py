@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -81,7 +81,7 @@ DEFAULT_MAX_CLOCK_SKEW = 5.0
 class FetchReport:
     """What a refresh found wrong with the data it still delivered: counts per fault kind and lines for people."""
 
-    faults: Counter = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
 
     def add(self, kind: str, count: int, note: str) -> None:
@@ -114,7 +114,7 @@ def screen_samples(samples: Iterable[Sample], node_labels: tuple[str, ...], repo
     samples = list(samples)
     bad_nodes: set[str] = set()
     bad_count = 0
-    seen: set[tuple] = set()
+    seen: set[tuple[Any, ...]] = set()
     duplicates = 0
     duplicate_nodes: set[str] = set()
     for sample in samples:
@@ -293,7 +293,7 @@ class PrometheusSource:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _query(self, promql: str) -> list[dict]:
+    async def _query(self, promql: str) -> list[dict[str, Any]]:
         try:
             response = await self._client.get("/api/v1/query", params={"query": promql})
         except httpx.HTTPError as exc:
@@ -322,7 +322,7 @@ class PrometheusSource:
         return snapshot
 
     def _build(
-        self, series: list[dict], times: list[dict], queried_at: float, version: int
+        self, series: list[dict[str, Any]], times: list[dict[str, Any]], queried_at: float, version: int
     ) -> tuple[MetricsSnapshot, FetchReport]:
         samples = []
         for item in series:

@@ -93,7 +93,3 @@ def pod_gpu_request(pod: Pod) -> GpuRequest:
         for name, count in _container_gpus(init).items():
             total[name] = max(total.get(name, 0), count)
     return tuple(ResourceRequest(name, count) for name, count in sorted(total.items()) if count > 0)
-
-
-def describe_request(request: GpuRequest) -> str:
-    return ", ".join(f"{r.count}x {r.resource}" for r in request) or "no GPU"

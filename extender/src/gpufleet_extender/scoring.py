@@ -34,9 +34,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE, GpuRequest, ResourceRequest
 from gpufleet_extender.snapshot import DeviceMetrics, MetricsSnapshot, NodeMetrics
+
+if TYPE_CHECKING:  # config imports this module: the type only, no import cycle at run time
+    from gpufleet_extender.config import Settings
 
 MIN_SCORE = 0
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
@@ -75,7 +79,7 @@ class Policy:
     auto_hysteresis: float = 0.1  # AUTO_HYSTERESIS: auto spreads only above AUTO_PACK_BELOW + this
 
     @classmethod
-    def from_settings(cls, settings) -> Policy:  # settings: config.Settings (kept untyped: no import cycle)
+    def from_settings(cls, settings: Settings) -> Policy:
         return cls(
             gpu_util_threshold=settings.GPU_UTIL_THRESHOLD,
             mem_util_threshold=settings.MEM_UTIL_THRESHOLD,
@@ -213,8 +217,7 @@ def _evaluate_resource(
 ) -> NodeVerdict:
     ranked = _by_load(devices, policy)
     available = ranked[assumed:]
-    util_max, mem_max = policy.gpu_util_threshold, policy.mem_util_threshold
-    if not any(d.util < util_max and (d.mem is None or d.mem < mem_max) for d in available):
+    if not any(below_thresholds(d, policy) for d in available):
         taken = f"; {assumed} taken by pods bound since the last sample" if assumed else ""
         best = f"best: {_figures(available[0], policy)}" if available else f"all {len(ranked)} assumed busy"
         return NodeVerdict(

@@ -19,6 +19,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterable
 from itertools import compress
 from operator import attrgetter, not_
+from typing import Any
 
 from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import Settings
@@ -130,7 +131,7 @@ class _AnswerMemo:
             return None
         return entry[2], entry[3]
 
-    def put(self, verb: str, table: DecisionTable, names_json: bytes, answer: bytes, outcomes: dict) -> None:
+    def put(self, verb: str, table: DecisionTable, names_json: bytes, answer: bytes, outcomes: dict[str, Any]) -> None:
         self._entries[(verb, id(table), names_json)] = (table, table.epoch, answer, outcomes)
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
@@ -171,7 +172,7 @@ class Extender:
         self.mode_selector = ModeSelector.from_policy(self.policy) if self.policy.strategy == Strategy.AUTO else None
         self._modes: ModeMap | None = None
         # What the tables' entries were computed from; _sync brings them up to date before each use.
-        self._tables: OrderedDict[tuple, DecisionTable] = OrderedDict()
+        self._tables: OrderedDict[tuple[Any, ...], DecisionTable] = OrderedDict()
         self._seen_snapshot: MetricsSnapshot = EMPTY_SNAPSHOT
         self._seen_cluster = -1
         self._now = 0.0  # the moment of the request being answered

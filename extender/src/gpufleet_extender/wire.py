@@ -239,11 +239,6 @@ def encode_filter_result(
     return _encoder.encode(result)
 
 
-def encode_filter_error(message: str) -> bytes:
-    """A filter answer kube-scheduler reads as an error (it then fails or ignores the extender)."""
-    return _encoder.encode(ExtenderFilterResult(Error=message))
-
-
 def encode_priorities(hosts: list[str], scores: list[int]) -> bytes:
     return _encoder.encode([HostPriority(host, score) for host, score in zip(hosts, scores, strict=True)])
 

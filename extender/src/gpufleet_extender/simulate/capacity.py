@@ -26,6 +26,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from gpufleet_extender.simulate.metrics import GoalCheck, PolicySummary
 from gpufleet_extender.simulate.model import Probe, RunResult
@@ -90,7 +91,7 @@ class CapacitySummary:
     largest_placeable_min: dict[str, int]
     pack_share: float | None  # auto: share of placements scored in pack mode; None for other policies
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 

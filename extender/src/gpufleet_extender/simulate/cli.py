@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gpufleet_extender.config import SettingsError, load_settings
 from gpufleet_extender.scoring import Policy
@@ -148,7 +149,7 @@ def _load_inputs(args: argparse.Namespace) -> tuple[Fleet, Trace, Policy, ModelS
     return fleet, trace, Policy.from_settings(settings), model
 
 
-def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) -> dict:
+def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) -> dict[str, Any]:
     devices: dict[str, int] = {}
     for node in fleet.nodes:
         for device in node.devices:

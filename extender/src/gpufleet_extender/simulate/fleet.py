@@ -199,7 +199,7 @@ def fleet_from_yaml(path: str | Path) -> Fleet:
     if not isinstance(document, Mapping) or not isinstance(document.get("nodes"), list) or not document["nodes"]:
         raise FleetError(f"fleet file {file_path} needs a non-empty list 'nodes'")
     product = document.get("gpu_product")
-    nodes = []
+    nodes: list[Node] = []
     for position, entry in enumerate(document["nodes"]):
         where = f"{file_path}: nodes[{position}]"
         if not isinstance(entry, Mapping) or not entry.get("name"):

@@ -17,6 +17,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from gpufleet_extender.simulate.model import RunResult
 
@@ -66,7 +67,7 @@ class PolicySummary:
     device_load_p95: float | None
     device_load_max: float | None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -97,7 +98,7 @@ class GoalCheck:
     passed: bool | None  # None: not checked (a policy it needs was not run)
     detail: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 

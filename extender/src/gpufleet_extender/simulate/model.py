@@ -25,6 +25,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from typing import Any
 
 from gpufleet_extender.scoring import Policy, below_thresholds, tenant_mismatch
 from gpufleet_extender.simulate.fleet import Fleet
@@ -85,7 +86,7 @@ class RunResult:
     outcomes: list[PodOutcome] = field(default_factory=list)
     sample_times: list[float] = field(default_factory=list)
     node_load: list[list[float]] = field(default_factory=list)  # per sample, per node (node_names order)
-    device_load: array = field(default_factory=lambda: array("d"))  # every device at every sample
+    device_load: array[Any] = field(default_factory=lambda: array("d"))  # every device at every sample
     probes: dict[str, list] = field(default_factory=dict)  # extra series from Probe objects, by name
 
 
@@ -140,7 +141,7 @@ class Simulation:
         self.cluster = SimCluster(fleet, extender_policy)
         self._pools: dict[tuple[str, str | None], list[NodeState]] = {}
         self._recent: list[Running] = []  # bound since the last scrape: the in-flight pods
-        self._events: list = []
+        self._events: list[Any] = []
         self._order = itertools.count()
         self._waiting: list[tuple[PodSpec, PodOutcome]] = []
         nodes = list(self.cluster.nodes.values())
@@ -274,7 +275,7 @@ class Simulation:
     def _retry_waiting(self, now: float) -> None:
         if not self._waiting:
             return
-        failed_shapes: set[tuple] = set()
+        failed_shapes: set[tuple[Any, ...]] = set()
         still_waiting = []
         for pod, outcome in self._waiting:
             shape = (pod.namespace, pod.tenant, pod.resource, pod.count)

@@ -9,7 +9,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import FilterModule
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 FILTERS = FilterModule().filters()
 resources = FILTERS["mig_node_resources"]
 instances = FILTERS["mig_node_instances"]

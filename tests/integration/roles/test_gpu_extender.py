@@ -7,7 +7,15 @@ import sys
 
 import pytest
 import yaml
-from conftest import closed_port_kubeconfig, load_manifests, render_roles, run_playbook, try_render, validate_manifests
+from conftest import (
+    closed_port_kubeconfig,
+    load_manifests,
+    render_roles,
+    run_playbook,
+    try_render,
+    validate_manifests,
+    write_inventory,
+)
 
 SELECTOR = {"app.kubernetes.io/name": "gpufleet-extender", "app.kubernetes.io/component": "scheduler-extender"}
 
@@ -22,7 +30,7 @@ def objects(documents: dict[str, list[dict]]) -> dict[str, dict]:
     return found
 
 
-def write_inventory(tmp_path, control_plane: dict[str, str | None]) -> str:
+def control_plane_inventory(tmp_path, control_plane: dict[str, str | None]) -> str:
     """A control plane only: host -> ansible_host (None for none)."""
     hosts = {name: ({"ansible_host": address} if address else None) for name, address in control_plane.items()}
     inventory = {
@@ -31,9 +39,7 @@ def write_inventory(tmp_path, control_plane: dict[str, str | None]) -> str:
             "children": {"control_plane": {"hosts": hosts}},
         }
     }
-    path = tmp_path / "inventory.yml"
-    path.write_text(yaml.safe_dump(inventory))
-    return str(path)
+    return write_inventory(tmp_path, inventory)
 
 
 def render_extender(tmp_path, inventory: str, extra_vars=None) -> dict[str, dict]:
@@ -104,10 +110,9 @@ def test_lab_container_is_hardened_and_probed(lab):
 
 def test_lab_settings_and_service(lab):
     settings = lab["ConfigMap"]["data"]
-    assert settings["WEIGHT_GPU_UTIL"] == "0.7"
-    assert settings["WEIGHT_MEM_UTIL"] == "0.3"
-    assert settings["GPU_UTIL_THRESHOLD"] == "0.8"
-    assert settings["MEM_UTIL_THRESHOLD"] == "0.9"
+    # The scoring settings the lab does not set are left to the extender's defaults (written once, in the extender).
+    for name in ("WEIGHT_GPU_UTIL", "WEIGHT_MEM_UTIL", "GPU_UTIL_THRESHOLD", "MEM_UTIL_THRESHOLD", "PACK_TARGET_UTIL"):
+        assert name not in settings
     assert settings["PROMETHEUS_URL"].startswith("http")
     assert settings["NODE_NAME_LABELS"] == "Hostname,hostname"
     assert settings["KUBE_API"] == "in-cluster"
@@ -178,7 +183,7 @@ def config_hash(rendered: dict[str, dict]) -> str:
 @pytest.fixture(scope="module")
 def small_inventory(tmp_path_factory) -> str:
     """Four control-plane hosts: an IPv4 address, an IPv6 address, a host name and no address at all."""
-    return write_inventory(
+    return control_plane_inventory(
         tmp_path_factory.mktemp("extender-inventory"),
         {"cp-1": "10.20.0.11", "cp-2": "fd00:10::12", "cp-3": "cp-3.example.org", "cp-4": None},
     )
@@ -236,15 +241,16 @@ def test_one_api_feature_is_enough_for_the_read_only_role(tmp_path, small_invent
     ("extra", "shown"),
     [
         ({"gpu_extender_replicas": 1}, "gpu_extender_replicas >= 2 (got 1)"),
-        ({"gpu_extender_weight_gpu_util": 0.6}, "(got 0.6 + 0.3)"),
-        ({"gpu_extender_gpu_util_threshold": 1.5}, "(got GPU 1.5"),
         ({"gpu_extender_cluster_ip": "extender.local"}, "an IP address or null (got"),
-        ({"gpu_extender_prometheus_url": "prometheus:9090"}, "(got prometheus:9090)"),
         ({"gpu_extender_replicas": 2, "gpu_extender_pdb_min_available": 2}, "gpu_extender_pdb_min_available"),
+        # the extender's own rules, in its own words (gpufleet-extender check-config on the rendered ConfigMap)
+        ({"gpu_extender_weight_gpu_util": 0.6}, "WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got 0.6 + 0.3 = 0.9)"),
+        ({"gpu_extender_gpu_util_threshold": 1.5}, "GPU_UTIL_THRESHOLD: Input should be less than or equal to 1"),
+        ({"gpu_extender_prometheus_url": "prometheus:9090"}, "must start with http:// or https://"),
     ],
 )
 def test_bad_settings_fail_with_a_clear_message(tmp_path, extra, shown):
-    inventory = write_inventory(tmp_path, {"cp-1": "10.20.0.11"})
+    inventory = control_plane_inventory(tmp_path, {"cp-1": "10.20.0.11"})
     result = run_extender(tmp_path, inventory, {"gpufleet_k8s_mode": "render", **extra})
     output = " ".join(result.stdout.split())  # the message is wrapped over several lines
     assert result.returncode != 0
@@ -253,12 +259,47 @@ def test_bad_settings_fail_with_a_clear_message(tmp_path, extra, shown):
     assert "Traceback" not in result.stdout + result.stderr
 
 
+def test_auto_that_would_never_spread_is_refused_as_the_pod_refuses_it(tmp_path):
+    # auto with AUTO_PACK_BELOW + AUTO_HYSTERESIS >= 1 would never spread: the extender refuses to start on it, and
+    # the role used to deploy it anyway (the pods crash-looped).
+    settings = {
+        "gpu_extender_scoring_strategy": "auto",
+        "gpu_extender_auto_pack_below": 0.6,
+        "gpu_extender_auto_hysteresis": 0.5,
+    }
+    result, manifests = try_render(["gpu_extender"], tmp_path, extra_vars=settings)
+    output = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    assert "the extender would refuse this ConfigMap at start" in output
+    assert "AUTO_PACK_BELOW + AUTO_HYSTERESIS must be below 1 (got 0.6 + 0.5): auto would never spread" in output
+    assert not (manifests / "gpu_extender").exists()
+
+
+def test_every_problem_of_the_settings_is_listed_at_once(tmp_path):
+    settings = {
+        "gpu_extender_scoring_strategy": "auto",
+        "gpu_extender_auto_pack_below": 0.6,
+        "gpu_extender_auto_hysteresis": 0.5,
+        "gpu_extender_weight_mem_util": 0.5,
+        "gpu_extender_mem_util_threshold": 2,
+    }
+    result, _manifests = try_render(["gpu_extender"], tmp_path, extra_vars=settings)
+    output = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    for problem in (
+        "MEM_UTIL_THRESHOLD: Input should be less than or equal to 1",
+        "WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got 0.7 + 0.5 = 1.2)",
+        "AUTO_PACK_BELOW + AUTO_HYSTERESIS must be below 1 (got 0.6 + 0.5): auto would never spread",
+    ):
+        assert problem in output
+
+
 # --- apply mode -------------------------------------------------------------------------------------------------
 
 
 def test_apply_mode_reaches_the_api_server(tmp_path):
     """Check mode against a closed port: the first apply fails on the connection, not on its arguments."""
-    inventory = write_inventory(tmp_path, {"cp-1": "10.20.0.11"})
+    inventory = control_plane_inventory(tmp_path, {"cp-1": "10.20.0.11"})
     extra = {
         "gpufleet_k8s_mode": "apply",
         "gpufleet_kubeconfig": closed_port_kubeconfig(tmp_path),
@@ -282,14 +323,16 @@ def test_scoring_strategy_reaches_the_extender_settings(tmp_path):
         extra_vars={"gpu_extender_scoring_strategy": "auto", "gpu_extender_auto_pack_below": 0.3},
     )
     data = rendered["ConfigMap"]["data"]
-    assert (data["SCORING_STRATEGY"], data["AUTO_PACK_BELOW"], data["PACK_TARGET_UTIL"]) == ("auto", "0.3", "0.6")
+    assert (data["SCORING_STRATEGY"], data["AUTO_PACK_BELOW"]) == ("auto", "0.3")
+    # a setting left null is left to the extender's own default, not restated in the ConfigMap
+    assert "PACK_TARGET_UTIL" not in data and "GPU_UTIL_THRESHOLD" not in data
 
 
 def test_a_pack_target_above_the_filter_threshold_is_refused(tmp_path):
     settings = {"gpu_extender_scoring_strategy": "pack", "gpu_extender_pack_target_util": 0.9}
     result, manifests = try_render(["gpu_extender"], tmp_path, extra_vars=settings)
     assert result.returncode != 0
-    assert "gpu_extender_pack_target_util below the GPU threshold (got 0.9 with pack)" in " ".join(
+    assert "PACK_TARGET_UTIL (0.9) must be below GPU_UTIL_THRESHOLD (0.8) with SCORING_STRATEGY=pack" in " ".join(
         result.stdout.split()
     )
     assert not (manifests / "gpu_extender").exists()

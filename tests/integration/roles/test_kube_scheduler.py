@@ -27,6 +27,7 @@ from conftest import (
     render_roles,
     run_playbook,
     validate_manifests,
+    write_inventory,
 )
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -123,7 +124,7 @@ def managed_resource_names(config: dict) -> list[str]:
     return [resource["name"] for resource in config["extenders"][0]["managedResources"]]
 
 
-def write_inventory(tmp_path: Path, pools: dict[str, tuple[list, int]], all_vars: dict | None = None) -> str:
+def pools_inventory(tmp_path: Path, pools: dict[str, tuple[list, int]], all_vars: dict | None = None) -> str:
     """An inventory with control_plane (cp-1, cp-2) and one gpu_nodes child group per pool:
     pools = {group: (mig_partition_config, gpus_per_node)}, two hosts each."""
     children = {
@@ -142,9 +143,7 @@ def write_inventory(tmp_path: Path, pools: dict[str, tuple[list, int]], all_vars
             },
         }
     }
-    path = tmp_path / "inventory.yml"
-    path.write_text(yaml.safe_dump(inventory, sort_keys=False))
-    return str(path)
+    return write_inventory(tmp_path, inventory)
 
 
 def render_static_pod(tmp_path: Path, inventory: str, extra_vars: dict | None = None) -> subprocess.CompletedProcess:
@@ -365,7 +364,7 @@ def test_hongkong_static_pod_mode_renders_a_config_and_patched_manifest_per_cont
 
 
 def test_static_pod_mode_takes_an_ipv6_cluster_ip(tmp_path):
-    inventory = write_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
+    inventory = pools_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
     result = render_static_pod(tmp_path, inventory, {"gpu_extender_cluster_ip": "fd00:10:96::50"})
     assert result.returncode == 0, result.stdout[-4000:]
     config = scheduler_config(tmp_path / "manifests", "kube_scheduler/cp-1/scheduler-config.yaml")
@@ -400,7 +399,7 @@ def test_static_pod_mode_takes_an_ipv6_cluster_ip(tmp_path):
     ],
 )
 def test_managed_resources_follow_the_layouts(tmp_path, pools, expected):
-    inventory = write_inventory(tmp_path, pools, {"kube_scheduler_mode": "secondary"})
+    inventory = pools_inventory(tmp_path, pools, {"kube_scheduler_mode": "secondary"})
     manifests = render_roles([ROLE], tmp_path, inventory=inventory)
     assert managed_resource_names(scheduler_config(manifests)) == expected
 
@@ -450,7 +449,7 @@ def test_the_play_fails_with_kube_schedulers_own_message(tmp_path, extra_vars, m
 
 
 def test_static_pod_mode_needs_a_reachable_extender_address(tmp_path):
-    inventory = write_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
+    inventory = pools_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
     result = render_static_pod(tmp_path, inventory, {"gpu_extender_cluster_ip": None})
     assert result.returncode != 0
     assert "cannot resolve *.svc names" in result.stdout
@@ -463,7 +462,7 @@ def test_static_pod_mode_refuses_hosts_outside_the_control_plane(tmp_path):
 
 
 def test_gpu_nodes_without_layouts_are_named(tmp_path):
-    inventory = write_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
+    inventory = pools_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
     inventory_data = yaml.safe_load(Path(inventory).read_text())
     inventory_data["all"]["children"]["gpu_nodes"]["children"]["bare"] = {"hosts": {"bare-1": None}}
     Path(inventory).write_text(yaml.safe_dump(inventory_data))
@@ -473,7 +472,7 @@ def test_gpu_nodes_without_layouts_are_named(tmp_path):
 
 def test_an_invalid_layout_fails_with_the_layout_filters_message(tmp_path):
     layout = [{"devices": "all", "mig_enabled": True, "mig_devices": {"3g.40gb": 3}}]  # 12 slices > 8
-    output = render_failure(tmp_path, {}, inventory=write_inventory(tmp_path, {"bad": (layout, 8)}))
+    output = render_failure(tmp_path, {}, inventory=pools_inventory(tmp_path, {"bad": (layout, 8)}))
     assert "(item=bad-1)" in output
     assert "invalid MIG layout" in output and "3g.40gb" in output
 
@@ -542,7 +541,7 @@ def apply_static_pod(tmp_path: Path, node, extra_vars: dict | None = None, check
     """Run the role in static_pod + apply mode against `node` (one control-plane host, local connection).
 
     check: `--check --diff` on the command line; the role tests `ansible_check_mode`, which only the CLI sets."""
-    inventory = write_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
+    inventory = pools_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
     playbook = tmp_path / "apply_static_pod.yml"
     play = {"name": "static_pod", "hosts": "cp-1", "serial": 1, "gather_facts": False, "roles": [ROLE]}
     playbook.write_text(yaml.safe_dump([play]))

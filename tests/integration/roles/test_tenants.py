@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import closed_port_kubeconfig, load_manifests, render_roles, run_playbook, validate_manifests
+from conftest import (
+    closed_port_kubeconfig,
+    load_manifests,
+    render_roles,
+    run_playbook,
+    validate_manifests,
+    write_inventory,
+)
 
 TENANT_KEY = "gpufleet.io/tenant"
 MIG_OFF = [{"devices": "all", "mig_enabled": False}]
@@ -19,7 +26,7 @@ def mig_all(**profiles: int) -> list[dict]:
     return [{"devices": "all", "mig_enabled": True, "mig_devices": profiles}]
 
 
-def write_inventory(tmp_path, pools: dict, tenants: dict, extra_gpu_hosts: dict | None = None, all_vars=None) -> str:
+def tenant_inventory(tmp_path, pools: dict, tenants: dict, extra_gpu_hosts: dict | None = None, all_vars=None) -> str:
     """An inventory with one group per pool: pools = {group: {"tenant": t, "hosts": [...], "layout": [...],
     "gpus": n}}; extra_gpu_hosts = {host: hostvars} for GPU nodes outside any pool. Returns its path."""
     children = {}
@@ -36,9 +43,7 @@ def write_inventory(tmp_path, pools: dict, tenants: dict, extra_gpu_hosts: dict 
             "children": {"gpu_nodes": {"children": children}},
         }
     }
-    path = tmp_path / "inventory.yml"
-    path.write_text(yaml.safe_dump(inventory, sort_keys=False))
-    return str(path)
+    return write_inventory(tmp_path, inventory)
 
 
 def by_kind(documents: dict[str, list[dict]], kind: str) -> dict[tuple[str | None, str], dict]:
@@ -235,7 +240,7 @@ def test_uneven_split_overrides_and_untenanted_node(tmp_path):
         "pool_vision_whole": {"tenant": "vision", "hosts": ["v-3", "v-4"], "layout": MIG_OFF, "gpus": 2},
     }
     # pool_vision_whole is a second inventory group of tenant vision's nodes: make the pool group its parent.
-    inventory_path = write_inventory(tmp_path, pools, tenants, extra_gpu_hosts={"spare": None})
+    inventory_path = tenant_inventory(tmp_path, pools, tenants, extra_gpu_hosts={"spare": None})
     inventory = yaml.safe_load(Path(inventory_path).read_text())
     children = inventory["all"]["children"]["gpu_nodes"]["children"]
     children["pool_vision"]["children"] = {"pool_vision_whole": children.pop("pool_vision_whole")}
@@ -267,7 +272,7 @@ def test_uneven_split_overrides_and_untenanted_node(tmp_path):
 def test_full_split_and_taints_kept_from_the_cluster(tmp_path):
     tenants = {"nlp": {"group": "pool_nlp", "namespaces": ["a", "b"], "priority_class": "gpufleet-batch"}}
     pools = {"pool_nlp": {"tenant": "nlp", "hosts": ["n1", "n2"], "layout": mig_all(**{"2g.20gb": 3}), "gpus": 2}}
-    inventory = write_inventory(tmp_path, pools, tenants)
+    inventory = tenant_inventory(tmp_path, pools, tenants)
     foreign = {"key": "example.com/maintenance", "value": "yes", "effect": "NoExecute"}
     documents = render_tenants(
         tmp_path,
@@ -299,7 +304,7 @@ def test_pod_security_per_tenant_and_admission_switches(tmp_path):
         "pool_cv": {"tenant": "cv", "hosts": ["c1"], "layout": MIG_OFF, "gpus": 1},
         "pool_ops": {"tenant": "ops", "hosts": ["o1"], "layout": MIG_OFF, "gpus": 1},
     }
-    inventory = write_inventory(tmp_path, pools, tenants)
+    inventory = tenant_inventory(tmp_path, pools, tenants)
     documents = render_tenants(
         tmp_path,
         inventory,
@@ -346,7 +351,7 @@ def test_privileged_tenants_need_the_override(tmp_path):
         "pool_ops": {"tenant": "ops", "hosts": ["o1"], "layout": MIG_OFF, "gpus": 1},
         "pool_odd": {"tenant": "odd", "hosts": ["d1"], "layout": MIG_OFF, "gpus": 1},
     }
-    result = run_tenants(tmp_path, write_inventory(tmp_path, pools, tenants), {"gpufleet_k8s_mode": "render"})
+    result = run_tenants(tmp_path, tenant_inventory(tmp_path, pools, tenants), {"gpufleet_k8s_mode": "render"})
     output = " ".join(result.stdout.split())
     assert result.returncode != 0
     assert "tenant ops: pod_security privileged lets its pods run privileged" in output
@@ -374,7 +379,7 @@ def test_inconsistent_pools_fail_naming_every_problem(tmp_path):
         },
         "pool_empty": {"tenant": "ghost", "hosts": [], "layout": MIG_OFF},
     }
-    result = run_tenants(tmp_path, write_inventory(tmp_path, pools, tenants), {"gpufleet_k8s_mode": "render"})
+    result = run_tenants(tmp_path, tenant_inventory(tmp_path, pools, tenants), {"gpufleet_k8s_mode": "render"})
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "Traceback" not in output
@@ -388,7 +393,7 @@ def test_inconsistent_pools_fail_naming_every_problem(tmp_path):
 def test_host_claiming_a_tenant_outside_its_group_fails(tmp_path):
     tenants = {"llm": {"group": "pool_llm", "namespaces": ["llm"], "priority_class": "gpufleet-inference"}}
     pools = {"pool_llm": {"tenant": "llm", "hosts": ["g1"], "layout": MIG_OFF}}
-    inventory = write_inventory(
+    inventory = tenant_inventory(
         tmp_path,
         pools,
         tenants,
@@ -418,7 +423,7 @@ def test_host_claiming_a_tenant_outside_its_group_fails(tmp_path):
 def test_bad_quota_overrides_fail(tmp_path, overrides, message):
     tenants = {"nlp": {"group": "pool_nlp", "namespaces": ["a", "b"], "priority_class": "gpufleet-batch"}}
     pools = {"pool_nlp": {"tenant": "nlp", "hosts": ["n1"], "layout": mig_all(**{"1g.10gb": 7}), "gpus": 1}}
-    inventory = write_inventory(tmp_path, pools, tenants)
+    inventory = tenant_inventory(tmp_path, pools, tenants)
     result = run_tenants(tmp_path, inventory, {"gpufleet_k8s_mode": "render", "tenants_quota_overrides": overrides})
     assert result.returncode != 0
     assert message in result.stdout
@@ -430,7 +435,7 @@ def test_overcommit_is_accepted_when_asked_for(tmp_path):
     overrides = {"nlp": {"a": {"nvidia.com/mig-1g.10gb": 10}}}
     documents = render_tenants(
         tmp_path,
-        write_inventory(tmp_path, pools, tenants),
+        tenant_inventory(tmp_path, pools, tenants),
         {"tenants_quota_overrides": overrides, "tenants_quota_allow_overcommit": True},
     )
     assert quotas(documents)["a"]["nvidia.com/mig-1g.10gb"] == 10
@@ -457,7 +462,7 @@ def test_apply_mode_reaches_the_api_server(tmp_path, read_nodes_first, failing_t
             [{"name": "Apply", "hosts": "localhost", "gather_facts": False, "check_mode": True, "roles": ["tenants"]}]
         )
     )
-    inventory = write_inventory(tmp_path, pools, tenants)
+    inventory = tenant_inventory(tmp_path, pools, tenants)
     extra = {
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
@@ -478,7 +483,7 @@ def test_invalid_layout_fails_with_the_filter_message(tmp_path):
     tenants = {"cv": {"group": "pool_cv", "namespaces": ["cv"], "priority_class": "gpufleet-inference"}}
     # Three 3g.40gb instances need 12 of a GPU's 8 memory slices.
     pools = {"pool_cv": {"tenant": "cv", "hosts": ["c1"], "layout": mig_all(**{"3g.40gb": 3}), "gpus": 1}}
-    result = run_tenants(tmp_path, write_inventory(tmp_path, pools, tenants), {"gpufleet_k8s_mode": "render"})
+    result = run_tenants(tmp_path, tenant_inventory(tmp_path, pools, tenants), {"gpufleet_k8s_mode": "render"})
     assert result.returncode != 0
     assert "mig_layout: invalid MIG layout" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import SpecError
-from ansible_collections.gpufleet.mig.plugins.module_utils.layout import compute_slices, memory_gb, node_layout
+from ansible_collections.gpufleet.mig.plugins.module_utils.layout import memory_gb, node_layout, profile_slices
 
 
 def test_selected_gpus_get_their_instances_and_the_others_stay_whole():
@@ -50,9 +50,9 @@ def test_what_the_module_refuses_is_refused(config, gpu_count, message):
     [("1g.10gb", 1, 10), ("1g.10gb+me", 1, 10), ("3g.40gb", 3, 40), ("1c.3g.40gb", 3, 40), ("7g.80gb", 7, 80)],
 )
 def test_slices_and_memory_from_profile_names(profile, slices, gb):
-    assert (compute_slices(profile), memory_gb(profile)) == (slices, gb)
+    assert (profile_slices(profile), memory_gb(profile)) == (slices, gb)
 
 
 def test_a_name_that_is_no_profile_is_a_value_error():
     with pytest.raises(ValueError, match=r"expected \[<C>c.\]<G>g.<GB>gb"):
-        compute_slices("whole")
+        profile_slices("whole")

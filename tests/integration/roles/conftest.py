@@ -16,7 +16,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))
 
-from support import free_port, render_roles, run_playbook, try_render  # noqa: E402, F401  (re-exported to the tests)
+from support import free_port, render_roles, run_playbook, try_render, write_inventory  # noqa: E402, F401  (re-exported to the tests)
 
 # The Kubernetes version manifests are validated against (strict: unknown fields fail).
 KUBERNETES_VERSION = "1.37.0"

@@ -89,3 +89,23 @@ def test_runs_as_python_module_with_the_documented_command(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "MIG layout in place on 1 GPU(s); changed: 0"
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ('{"version": 1, "gpus": [', "is not valid JSON: Expecting value: line 1 column 25"),
+        ('{"version": 99, "gpus": []}', "unsupported version 99 (supported: 1)"),
+        ("[1, 2]", "must be a JSON object, not list"),
+        ('{"version": 1}', "'gpus' must be a list"),
+    ],
+    ids=["corrupt", "version", "not-an-object", "no-gpus"],
+)
+def test_a_bad_simulator_state_file_is_one_line_not_a_traceback(tmp_path, capsys, state, message):
+    path = tmp_path / "state.json"
+    path.write_text(state)
+    request = _request(tmp_path, {"config": layout({"3g.40gb": 2})})
+    assert boot_apply.main(["--config", request, "--nvml-sim-state", str(path)]) == boot_apply.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpufleet-mig-boot-apply: simulator state {path}")
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err

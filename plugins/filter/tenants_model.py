@@ -1,0 +1,300 @@
+"""gpufleet.mig.tenants_model: the tenants role's model of the inventory - pools, capacity, quotas and problems.
+
+Computed once from the inventory and used by every template of the tenants role, which only renders it.
+Quota rule (docs/tenants.md): per tenant and resource, explicit values from tenants_quota_overrides are taken as
+they are; what is left of the pool's capacity goes to the tenant's other namespaces, split evenly (the remainder
+one by one to the first namespaces in listed order) or, with tenants_quota_split=full, all of it to each of them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_resources
+
+DOCUMENTATION = r"""
+name: tenants_model
+short_description: The tenant pools of the inventory, their capacity, quotas and every inconsistency
+description:
+  - Works out each tenant's pool (its group's hosts), the GPU resources each node exposes (device plugin mixed
+    strategy), the pool capacity and each tenant namespace's quota, and lists every inventory problem as a sentence.
+options:
+  _input:
+    description: C(hostvars).
+    type: dict
+    required: true
+  groups:
+    description: The C(groups) magic variable.
+    type: dict
+    required: true
+  tenants:
+    description: C(gpufleet_tenants) (tenant -> {group, namespaces, priority_class, pod_security, description}).
+    type: dict
+    required: true
+  priority_classes:
+    description: Names of the PriorityClasses the role defines (C(tenants_priority_classes) names).
+    type: list
+    elements: str
+    default: []
+  pod_security_level:
+    description: Default Pod Security level of tenant namespaces (C(tenants_pod_security_level)).
+    type: str
+    default: restricted
+  allow_privileged:
+    description: C(tenants_pod_security_allow_privileged).
+    type: bool
+    default: false
+  quota_split:
+    description: C(tenants_quota_split), C(even) or C(full).
+    type: str
+    default: even
+  quota_overrides:
+    description: C(tenants_quota_overrides) (tenant -> namespace -> resource -> count).
+    type: dict
+    default: {}
+  allow_overcommit:
+    description: C(tenants_quota_allow_overcommit).
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Work out the tenant pools
+  ansible.builtin.set_fact:
+    tenants_model: "{{ hostvars | gpufleet.mig.tenants_model(groups, gpufleet_tenants, quota_split='even') }}"
+"""
+
+RETURN = r"""
+_value:
+  description:
+    - C(errors) inventory problems, one sentence each; C(resources) every GPU resource of the fleet
+      (nvidia.com/gpu first, then the nvidia.com/mig-* sorted); C(tenants) tenant -> {group, hosts, namespaces,
+      priority_class, pod_security, description, capacity, quotas}; C(nodes) GPU node -> tenant or null.
+  type: dict
+"""
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
+WHOLE_GPU = "nvidia.com/gpu"
+
+
+def _as_int(value) -> int:
+    """Jinja's `int` filter: 0 for what is not a number."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _whole_number(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class _Model:
+    def __init__(self, hostvars, groups, priority_classes, pod_security_level, allow_privileged):
+        self.hostvars, self.groups = hostvars, groups
+        self.priority_classes = list(priority_classes)
+        self.pod_security_level, self.allow_privileged = pod_security_level, allow_privileged
+        self.errors: list[str] = []
+        self.tenant_of_host: dict[str, str] = {}
+        self.tenant_of_ns: dict[str, str] = {}
+        self.tenants: dict[str, dict] = {}
+        self.gpu_nodes = list(groups.get("gpu_nodes", []))
+
+    def pools(self, tenants) -> None:
+        """1. Each tenant's pool: its group's hosts, checked against the other pools and the hosts' gpufleet_tenant."""
+        if not isinstance(tenants, dict) or not tenants:
+            self.errors.append(
+                "gpufleet_tenants must be a non-empty mapping of tenant name -> {group, namespaces, priority_class}"
+            )
+            return
+        for tenant, spec in tenants.items():
+            if not isinstance(spec, dict) or "group" not in spec or "namespaces" not in spec:
+                self.errors.append(f"tenant {tenant}: needs at least `group` and `namespaces`")
+                continue
+            self._pool(str(tenant), spec)
+
+    def _pool(self, tenant: str, spec: dict) -> None:
+        if not DNS_LABEL.fullmatch(tenant):
+            self.errors.append(
+                f"tenant {tenant}: the name is a label value and part of object names, so it must be a DNS label "
+                "(lower-case letters, digits, -)"
+            )
+        group = spec["group"]
+        hosts = list(self.groups.get(group, []))
+        if group not in self.groups:
+            self.errors.append(f"tenant {tenant}: group {group} does not exist in the inventory")
+        elif not hosts:
+            self.errors.append(
+                f"tenant {tenant}: group {group} has no hosts (a tenant pool needs at least one GPU node)"
+            )
+        for host in hosts:
+            self._pool_host(tenant, group, host)
+        namespaces = spec["namespaces"]
+        namespaces = list(namespaces) if isinstance(namespaces, (list, tuple)) else []
+        if not namespaces:
+            self.errors.append(f"tenant {tenant}: namespaces must be a non-empty list")
+        for ns in namespaces:
+            if not isinstance(ns, str) or not DNS_LABEL.fullmatch(ns):
+                self.errors.append(f"tenant {tenant}: namespace {ns} is not a valid namespace name (DNS label)")
+            elif ns in self.tenant_of_ns:
+                self.errors.append(f"namespace {ns} is listed by two tenants: {self.tenant_of_ns[ns]} and {tenant}")
+            else:
+                self.tenant_of_ns[ns] = tenant
+        priority_class = spec.get("priority_class")
+        if "priority_class" in spec and priority_class not in self.priority_classes:
+            self.errors.append(
+                f"tenant {tenant}: priority_class {priority_class} is not one of tenants_priority_classes "
+                f"({', '.join(self.priority_classes)})"
+            )
+        pod_security = spec.get("pod_security", self.pod_security_level)
+        if pod_security not in POD_SECURITY_LEVELS:
+            self.errors.append(
+                f"tenant {tenant}: pod_security must be restricted, baseline or privileged, not {pod_security}"
+            )
+        elif pod_security == "privileged" and not self.allow_privileged:
+            self.errors.append(
+                f"tenant {tenant}: pod_security privileged lets its pods run privileged, with host paths and the host "
+                "network, i.e. as root on the GPU nodes; set tenants_pod_security_allow_privileged to accept that"
+            )
+        self.tenants[tenant] = {
+            "group": group,
+            "hosts": hosts,
+            "namespaces": namespaces,
+            "priority_class": priority_class,
+            "pod_security": pod_security,
+            "description": spec.get("description", ""),
+        }
+
+    def _pool_host(self, tenant: str, group: str, host: str) -> None:
+        if host in self.tenant_of_host:
+            other = self.tenant_of_host[host]
+            self.errors.append(
+                f"host {host} is in two tenant groups: {self.tenants[other]['group']} (tenant {other}) and {group} "
+                f"(tenant {tenant}); a node belongs to one pool"
+            )
+        else:
+            self.tenant_of_host[host] = tenant
+        if host not in self.gpu_nodes:
+            self.errors.append(f"host {host} (group {group} of tenant {tenant}) is not in the gpu_nodes group")
+        claimed = self.hostvars[host].get("gpufleet_tenant")
+        if claimed is None:
+            self.errors.append(f"host {host} is in group {group} of tenant {tenant} but has no gpufleet_tenant")
+        elif claimed != tenant:
+            self.errors.append(f"host {host} has gpufleet_tenant={claimed} but is in group {group} of tenant {tenant}")
+
+    def unpooled_claims(self) -> None:
+        """A GPU node that names a tenant in gpufleet_tenant must be in that tenant's group."""
+        for host in self.gpu_nodes:
+            claimed = self.hostvars[host].get("gpufleet_tenant")
+            if claimed is None or host in self.tenant_of_host:
+                continue
+            if claimed in self.tenants:
+                why = f" (tenant {claimed} uses group {self.tenants[claimed]['group']})"
+            else:
+                why = f" (and gpufleet_tenants has no tenant {claimed})"
+            self.errors.append(f"host {host} has gpufleet_tenant={claimed} but is in no tenant group{why}")
+
+    def node_capacity(self) -> tuple[dict[str, dict[str, int]], list[str]]:
+        """2. What each GPU node exposes (the device plugin's mixed strategy) and the fleet's GPU resources."""
+        capacity: dict[str, dict[str, int]] = {}
+        resources = {WHOLE_GPU}
+        for host in self.gpu_nodes:
+            node = self.hostvars[host]
+            if node.get("mig_partition_config") is None or node.get("gpufleet_gpus_per_node") is None:
+                self.errors.append(
+                    f"host {host} needs mig_partition_config and gpufleet_gpus_per_node to size its pool"
+                )
+                continue
+            exposed = mig_node_resources(
+                node["mig_partition_config"], _as_int(node["gpufleet_gpus_per_node"]), node.get("gpufleet_gpu_product")
+            )
+            capacity[host] = exposed
+            resources.update(exposed)
+        return capacity, [WHOLE_GPU, *sorted(resources - {WHOLE_GPU})]
+
+    def check_overrides(self, quota_split, overrides, resources: list[str]) -> None:
+        """3. Explicit quota values must name a tenant, one of its namespaces and a resource of the fleet."""
+        if quota_split not in ("even", "full"):
+            self.errors.append(f"tenants_quota_split must be even or full, not {quota_split}")
+        for tenant, by_ns in overrides.items():
+            if tenant not in self.tenants:
+                self.errors.append(f"tenants_quota_overrides: {tenant} is not a tenant of gpufleet_tenants")
+                continue
+            namespaces = self.tenants[tenant]["namespaces"]
+            for ns, values in by_ns.items():
+                if ns not in namespaces:
+                    self.errors.append(
+                        f"tenants_quota_overrides.{tenant}: {ns} is not one of the tenant namespaces "
+                        f"({', '.join(namespaces)})"
+                    )
+                    continue
+                for resource, count in values.items():
+                    where = f"tenants_quota_overrides.{tenant}.{ns}"
+                    if resource not in resources:
+                        self.errors.append(
+                            f"{where}: {resource} is not exposed by any GPU node of the inventory "
+                            f"({', '.join(resources)})"
+                        )
+                    elif not _whole_number(count):
+                        self.errors.append(f"{where}.{resource} must be a whole number >= 0, not {count}")
+
+    def quotas(self, capacity, resources, quota_split, overrides, allow_overcommit) -> None:
+        """4. Pool capacity (sum over the pool's nodes) and each namespace's quota."""
+        for tenant, pool in self.tenants.items():
+            pool_capacity = {r: sum(capacity.get(h, {}).get(r, 0) for h in pool["hosts"]) for r in resources}
+            by_ns = overrides.get(tenant, {})
+            quotas: dict[str, dict[str, int]] = {ns: {} for ns in pool["namespaces"]}
+            for resource in resources:
+                explicit = {
+                    ns: _as_int(by_ns[ns][resource]) for ns in pool["namespaces"] if resource in by_ns.get(ns, {})
+                }
+                left = pool_capacity[resource] - sum(explicit.values())
+                if left < 0 and not allow_overcommit:
+                    self.errors.append(
+                        f"tenant {tenant}: the explicit {resource} quotas add up to {sum(explicit.values())}, more "
+                        f"than the pool capacity of {pool_capacity[resource]}; lower them or set "
+                        "tenants_quota_allow_overcommit"
+                    )
+                left = max(left, 0)
+                others = [ns for ns in pool["namespaces"] if ns not in explicit]
+                for ns in pool["namespaces"]:
+                    if ns in explicit:
+                        share = explicit[ns]
+                    elif quota_split == "full":
+                        share = left
+                    else:  # even: the remainder one by one to the first namespaces
+                        share = left // len(others) + (1 if others.index(ns) < left % len(others) else 0)
+                    quotas[ns][resource] = share
+            pool.update({"capacity": pool_capacity, "quotas": quotas})
+
+
+def tenants_model(
+    hostvars,
+    groups,
+    tenants,
+    priority_classes=(),
+    pod_security_level="restricted",
+    allow_privileged=False,
+    quota_split="even",
+    quota_overrides=None,
+    allow_overcommit=False,
+) -> dict:
+    model = _Model(hostvars, groups, priority_classes, pod_security_level, allow_privileged)
+    model.pools(tenants)
+    model.unpooled_claims()
+    capacity, resources = model.node_capacity()
+    overrides = quota_overrides or {}
+    model.check_overrides(quota_split, overrides, resources)
+    model.quotas(capacity, resources, quota_split, overrides, allow_overcommit)
+    return {
+        "errors": model.errors,
+        "resources": resources,
+        "tenants": model.tenants,
+        "nodes": {host: model.tenant_of_host.get(host) for host in model.gpu_nodes},
+    }
+
+
+class FilterModule:
+    def filters(self):
+        return {"tenants_model": tenants_model}
