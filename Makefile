@@ -5,7 +5,10 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-PYTHON ?= python3.11
+# The newest Python 3.11+ on PATH (python3.14 ... python3.11, then python3); `make PYTHON=/path/to/python3.12 ...`
+# picks one. A name on PATH that does not run (a pyenv shim without that version) is passed over.
+PYTHON ?= $(or $(firstword $(foreach candidate,python3.14 python3.13 python3.12 python3.11 python3,$(shell \
+	$(candidate) -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && echo $(candidate)))),python3)
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
@@ -21,7 +24,10 @@ help:
 
 # --- set-up ------------------------------------------------------------------------------------------------
 $(VENV)/.installed: requirements.txt extender/pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) is required (Python 3.11 or newer)"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "Python 3.11 or newer is required: none found on PATH (tried python3.14 ... python3.11, python3)," \
+	    "or PYTHON=$(PYTHON) is older or does not run. Install one, or name it: make PYTHON=/path/to/python3.12 ..."; \
+	  exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
