@@ -80,7 +80,8 @@ def test_command_prints_the_table_and_writes_json_and_plot(fleet_file, tmp_path,
     printed = capsys.readouterr().out
     for policy in ("count", "random-fit", "load", "load-no-inflight"):
         assert f"\n{policy} " in printed
-    assert "[FAIL]" in printed or "[PASS]" in printed
+    assert "[NOT MET]" in printed or "[met]" in printed
+    assert "Verdict: " in printed
     document = json.loads((out / "results.json").read_text())
     assert list(document["policies"]) == ["count", "random-fit", "load", "load-no-inflight"]
     assert document["fleet"]["devices"]["nvidia.com/mig-3g.40gb"] == 16

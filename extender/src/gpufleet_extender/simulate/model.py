@@ -90,7 +90,7 @@ class RunResult:
 
 
 class Probe:
-    """An extra series recorded at each sample (issue 7's free whole GPUs, largest placeable request...)."""
+    """An extra series recorded at each sample (the free whole GPUs, largest placeable request...)."""
 
     name = "probe"
 
