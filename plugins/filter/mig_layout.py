@@ -49,7 +49,7 @@ def _instance_counts(config, gpu_count, product=None) -> Counter:
                 # GPUs no entry selects keep MIG off in a fleet laid out by this collection: whole GPUs.
                 counts["gpu"] += 1
                 continue
-            validate_target(target.counts, catalog, f"GPU {index} ({table.product})")
+            validate_target(target.counts, catalog, f"config[{target.entry}]: GPU {index} ({table.product})")
             counts.update(target.counts)
         return counts
     except MigError as exc:
