@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     out.append(f"  host state  {lab / 'nvml'}/ (simulated GPUs), {lab / 'hosts'}/ (each node's files)")
     out.append(RULE)
     for line in "\n".join(out).splitlines():
-        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        lead = len(line) - len(line.lstrip())
+        # A goal's text continues under itself, past its "met" / "NOT MET" label.
+        indent = " " * (lead + (9 if line.lstrip().startswith(("met ", "NOT MET ")) else 2))
         print(textwrap.fill(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False))
     return 1 if missed and args.enforce_goals else 0
 
