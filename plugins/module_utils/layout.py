@@ -55,7 +55,7 @@ def node_layout(config: Any, gpu_count: Any, product: str | None = None) -> list
         if target is None or not target.mig_enabled:
             layout.append(None)
             continue
-        validate_target(target.counts, catalog, f"GPU {index} ({table.product})")
+        validate_target(target.counts, catalog, f"config[{target.entry}]: GPU {index} ({table.product})")
         layout.append(dict(target.counts))
     return layout
 

@@ -294,7 +294,7 @@ def plan_gpu(state: GpuState, target: GpuTarget, catalog: Catalog, force: bool) 
     # A pending change in the other direction must be overridden, so compare the pending mode too.
     set_mode = state.mig_current != target.mig_enabled or state.mig_pending != target.mig_enabled
     if target.mig_enabled:
-        validate_target(target.counts, catalog, where)
+        validate_target(target.counts, catalog, f"config[{target.entry}]: {where}")  # the entry to fix, and the GPU
         if state.mig_current:
             kept, create = choose_kept(state.instances, target.counts, catalog)
         else:

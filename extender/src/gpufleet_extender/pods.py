@@ -8,9 +8,11 @@ after the other), and a limit stands in for a missing request.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Context, Decimal
 
 from gpufleet_extender.wire import Container, Pod, WireError
 
@@ -33,29 +35,64 @@ class ResourceRequest:
 # Empty when the pod asks for no GPU; otherwise sorted by resource name (a stable cache key).
 GpuRequest = tuple[ResourceRequest, ...]
 
-# Quantities are int64 in Kubernetes. ASCII digits only: str.isdigit() also takes "²" or "٣", which int()
-# refuses or reads as another number; and at most 18 of them, so int() never meets its 4,300-digit limit.
-_WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")
-_MAX_QUANTITY = 2**63 - 1
+# A Kubernetes quantity (k8s.io/apimachinery resource.Quantity): a decimal number, then a binary suffix (Ki..Ei),
+# a decimal exponent (e3, E-2) or a decimal SI suffix (m, k, M, G, T, P, E). ASCII only: Decimal() would also
+# read "٣" as 3, which no Kubernetes quantity is. Bounded in length so a 4 MB string is refused before parsing.
+_QUANTITY = re.compile(
+    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]{1,3}|m|k|M|G|T|P|E)?"
+)
+_MAX_QUANTITY_TEXT = 64
+_SUFFIXES = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{"m": Decimal("0.001"), "": Decimal(1)},
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+}
+_EXACT = Context(prec=200)  # every value this grammar allows, exactly
+_MAX_QUANTITY = 2**63 - 1  # int64, as Kubernetes stores them
+
+
+def _quantity_value(value: str | int | float) -> Decimal | None:
+    """The number a Kubernetes quantity stands for ("1k" is 1000, "500m" 0.5); None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        return Decimal(value) if math.isfinite(value) else None
+    if not isinstance(value, str) or len(value) > _MAX_QUANTITY_TEXT:
+        return None
+    match = _QUANTITY.fullmatch(value.strip())
+    if match is None:
+        return None
+    number = Decimal(match["sign"] + match["number"])
+    suffix = match["suffix"] or ""
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        return _EXACT.multiply(number, _EXACT.power(Decimal(10), int(suffix[1:])))
+    return _EXACT.multiply(number, _SUFFIXES[suffix])
 
 
 def _quantity(resource: str, value: str | int | float) -> int:
-    # Extended resources only take whole numbers ("2", 2); kube-apiserver rejects "500m" or "1Gi".
-    if isinstance(value, bool):
-        raise WireError(f"resource {resource}: quantity must be a whole number, got {value!r}")
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, float) and value.is_integer():
-        number = int(value)
-    elif isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value.strip()):
-        number = int(value.strip())
-    else:
-        raise WireError(f"resource {resource}: quantity must be a whole number, got {_shorten(value)}")
+    # Extended resources take Kubernetes quantities that are whole numbers: "2", 2, "1k" (1000), "2e1" (20);
+    # kube-apiserver refuses "500m" (0.5) and negative ones, and so does this, with the reason.
+    if isinstance(value, str) and len(value) > _MAX_QUANTITY_TEXT:
+        raise WireError(f"resource {resource}: quantity {_shorten(value)} is longer than any Kubernetes accepts")
+    number = _quantity_value(value)
+    if number is None:
+        raise WireError(
+            f"resource {resource}: {_shorten(value)} is not a Kubernetes quantity "
+            "(a number with an optional suffix, such as 2, 1k or 2e3)"
+        )
     if number < 0:
-        raise WireError(f"resource {resource}: quantity must not be negative, got {value!r}")
+        raise WireError(f"resource {resource}: quantity must not be negative, got {_shorten(value)}")
+    if number != number.to_integral_value():
+        raise WireError(
+            f"resource {resource}: quantity {_shorten(value)} is {number.normalize():f}, not a whole number: "
+            "an extended resource counts whole devices"
+        )
     if number > _MAX_QUANTITY:
         raise WireError(f"resource {resource}: quantity is larger than Kubernetes allows, got {_shorten(value)}")
-    return number
+    return int(number)
 
 
 def _shorten(value: object) -> str:

@@ -80,7 +80,8 @@ def test_command_prints_the_table_and_writes_json_and_plot(fleet_file, tmp_path,
     printed = capsys.readouterr().out
     for policy in ("count", "random-fit", "load", "load-no-inflight"):
         assert f"\n{policy} " in printed
-    assert "[FAIL]" in printed or "[PASS]" in printed
+    assert "[NOT MET]" in printed or "[met]" in printed
+    assert "Verdict: " in printed
     document = json.loads((out / "results.json").read_text())
     assert list(document["policies"]) == ["count", "random-fit", "load", "load-no-inflight"]
     assert document["fleet"]["devices"]["nvidia.com/mig-3g.40gb"] == 16
@@ -108,7 +109,17 @@ def test_bad_input_exits_2_with_the_reason(fleet_file, tmp_path, capsys):
     homeless = tmp_path / "homeless.jsonl"
     homeless.write_text('{"arrival": 0, "namespace": "finnlp", "resource": "gpu", "duration": 5}\n')
     assert main(["--fleet", str(fleet_file), "--trace", str(homeless), "--output", str(tmp_path)]) == 2
-    assert "can never run on this fleet" in capsys.readouterr().err
+    assert "can never run on this fleet: pod-1: no node of tenant finnlp's pool has nvidia.com/gpu" in (
+        capsys.readouterr().err
+    )
+    # A row with typos (the resource, the namespace) names each as unknown.
+    typo = tmp_path / "typo.csv"
+    typo.write_text("arrival,namespace,resource,duration\n0,imagegen,2g.21gb,60\n1,nobody,gpu,60\n")
+    assert main(["--fleet", str(fleet_file), "--trace", str(typo), "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "2 pod(s) of the trace can never run on this fleet" in err
+    assert "pod-2: resource nvidia.com/mig-2g.21gb is on no node of this fleet (it has nvidia.com/gpu, " in err
+    assert "pod-3: namespace 'nobody' belongs to no tenant (the fleet's namespaces: finnlp, imagegen, " in err
     with pytest.raises(SystemExit):
         main(["--policies", "fastest"])
 

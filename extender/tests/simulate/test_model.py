@@ -6,7 +6,7 @@ import pytest
 from sim_helpers import pod, whole_gpu_node
 
 from gpufleet_extender.scoring import Policy
-from gpufleet_extender.simulate.fleet import Fleet
+from gpufleet_extender.simulate.fleet import Device, Fleet, Node
 from gpufleet_extender.simulate.model import ModelSettings, Probe, SimulationError, simulate
 from gpufleet_extender.simulate.policies import CountPolicy, Decision, LoadPolicy
 from gpufleet_extender.simulate.state import SimCluster
@@ -130,8 +130,51 @@ def test_tenant_pools_are_respected_and_impossible_pods_refused():
     trace = make_trace([pod(f"p{i}", i, 0.5, namespace="llm-inference") for i in range(2)])
     result = simulate(fleet, trace, CountPolicy(), EXTENDER)
     assert {o.node for o in result.outcomes} == {"llm-1"}
-    with pytest.raises(SimulationError, match=r"1 pod\(s\) can never run .* p9 \(1x nvidia.com/gpu, namespace x"):
+    with pytest.raises(SimulationError) as refused:
         simulate(fleet, make_trace([pod("p9", 0, 0.5, namespace="x")]), CountPolicy(), EXTENDER)
+    assert str(refused.value) == (
+        "1 pod(s) of the trace can never run on this fleet: p9: namespace 'x' belongs to no tenant (the fleet's "
+        "namespaces: llm-inference) and no node is shared"
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        # A typo in the resource names the resource and what the fleet has.
+        (
+            {"resource": "nvidia.com/mig-2g.21gb", "namespace": "llm-inference"},
+            "p1: resource nvidia.com/mig-2g.21gb is on no node of this fleet (it has nvidia.com/gpu, "
+            "nvidia.com/mig-1g.10gb)",
+        ),
+        # A resource of another pool names the pool.
+        (
+            {"resource": "nvidia.com/mig-1g.10gb", "namespace": "llm-inference"},
+            "p1: no node of tenant llm's pool has nvidia.com/mig-1g.10gb (it has nvidia.com/gpu)",
+        ),
+        # More devices than any node of the pool.
+        (
+            {"count": 3, "namespace": "llm-inference"},
+            "p1: needs 3x nvidia.com/gpu; a node of tenant llm's pool has at most 2",
+        ),
+        # An unknown namespace is named as such.
+        (
+            {"namespace": "nobody"},
+            "p1: namespace 'nobody' belongs to no tenant (the fleet's namespaces: llm-inference, nlp) and no node is "
+            "shared",
+        ),
+    ],
+)
+def test_a_pod_that_can_never_run_is_refused_with_the_reason(fields, reason):
+    nlp = Node("nlp-1", "nlp", tuple(Device(f"mig{i}", "nvidia.com/mig-1g.10gb", 10.0) for i in range(7)))
+    fleet = Fleet(
+        (whole_gpu_node("llm-1", 2, "llm"), nlp),
+        {"llm-inference": "llm", "nlp": "nlp"},
+        replicas=1,
+    )
+    with pytest.raises(SimulationError) as refused:
+        simulate(fleet, make_trace([pod("p1", 0, 0.5, **fields)]), CountPolicy(), EXTENDER)
+    assert str(refused.value) == f"1 pod(s) of the trace can never run on this fleet: {reason}"
 
 
 def test_a_burst_between_scrapes_makes_a_hot_placement_the_extender_could_not_see():

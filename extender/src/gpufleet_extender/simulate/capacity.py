@@ -1,4 +1,4 @@
-"""Free capacity over time (issue 7): whole GPUs and nodes left free, and the largest request still placeable.
+"""Free capacity over time: whole GPUs and nodes left free, and the largest request still placeable.
 
 What "free" means here:
 
@@ -17,7 +17,7 @@ pools and with shared devices it also changes how many GPUs are free.
 
 ``CapacityProbe`` records the figures at every sample; ``summarise_capacity`` averages them over the trace's
 arrival window (up to the last arrival; the drain after it empties every policy's fleet alike);
-``strategy_goal_checks`` are issue 7's goals; ``plot_capacity`` draws the two figures.
+``strategy_goal_checks`` are the scoring strategies' goals; ``plot_capacity`` draws the two figures.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def summarise_capacity(
     )
 
 
-# Which trace each goal of issue 7 is set for; on other traces the figures are shown but not judged.
+# Which trace each goal of the scoring strategies is set for; on other traces the figures are shown but not judged.
 QUIET_SCENARIO = "quiet-night"
 PEAK_SCENARIO = "peak-hour"
 
@@ -131,16 +131,20 @@ PEAK_SCENARIO = "peak-hour"
 def strategy_goal_checks(
     summaries: Mapping[str, PolicySummary], capacities: Mapping[str, CapacitySummary], scenario: str | None
 ) -> list[GoalCheck]:
-    """Issue 7: on a quiet trace auto frees >= 2x spread's whole GPUs; at peak it is no worse on hot placements
-    and load CoV (compared at the printed precision, 3 decimals)."""
+    """The scoring strategies' goals: on a quiet trace auto frees >= 2x spread's whole GPUs; at peak it is no
+    worse on hot placements and load CoV (compared at the printed precision, 3 decimals)."""
     goals = (
         f"auto frees >= {GOAL_FREE_GPU_RATIO:g}x spread's whole GPUs ({QUIET_SCENARIO})",
         f"auto hot placements <= spread's ({PEAK_SCENARIO})",
         f"auto load CoV <= spread's ({PEAK_SCENARIO})",
     )
+    keys = ("auto-free", "auto-hot", "auto-cov")
     missing = [name for name in ("spread", "auto") if name not in summaries]
     if missing:
-        return [GoalCheck(goal, None, f"policy {' and '.join(missing)} not run") for goal in goals]
+        return [
+            GoalCheck(goal, None, f"policy {' and '.join(missing)} not run", key)
+            for goal, key in zip(goals, keys, strict=True)
+        ]
     spread, auto = summaries["spread"], summaries["auto"]
     spread_cap, auto_cap = capacities["spread"], capacities["auto"]
     ratio = auto_cap.free_gpus_mean / spread_cap.free_gpus_mean if spread_cap.free_gpus_mean else float("inf")
@@ -156,11 +160,13 @@ def strategy_goal_checks(
         (PEAK_SCENARIO, round(auto.load_cov, 3) <= round(spread.load_cov, 3), cov),
     )
     checks = []
-    for goal, (for_scenario, passed, detail) in zip(goals, verdicts, strict=True):
+    for goal, key, (for_scenario, passed, detail) in zip(goals, keys, verdicts, strict=True):
         if scenario != for_scenario:
-            checks.append(GoalCheck(goal, None, f"{detail} (shown, not judged: the goal is set for {for_scenario})"))
+            checks.append(
+                GoalCheck(goal, None, f"{detail} (shown, not judged: the goal is set for {for_scenario})", key)
+            )
         else:
-            checks.append(GoalCheck(goal, passed, detail))
+            checks.append(GoalCheck(goal, passed, detail, key))
     return checks
 
 

@@ -31,9 +31,10 @@ from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, Fleet, FleetErro
 from gpufleet_extender.simulate.generator import SCENARIOS, generate_trace
 from gpufleet_extender.simulate.metrics import PolicySummary, goal_checks, summarise
 from gpufleet_extender.simulate.model import DeviceChoice, ModelSettings, RunResult, SimulationError, simulate
-from gpufleet_extender.simulate.policies import ISSUE_6_POLICIES, POLICIES, STRATEGY_POLICIES, make_policy
+from gpufleet_extender.simulate.policies import EXTENDER_POLICIES, POLICIES, STRATEGY_POLICIES, make_policy
 from gpufleet_extender.simulate.report import LEGEND, format_goals, format_table, plot_node_load, write_json
 from gpufleet_extender.simulate.trace import Trace, TraceError, load_trace, write_trace
+from gpufleet_extender.simulate.verdict import findings
 
 HELP = "compare count-based, random and load-aware placement (spread, pack, auto) on a fleet and a workload trace"
 
@@ -75,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_policies,
         help=f"comma-separated, compared in one run, from {','.join(POLICIES)} (default: "
         f"{','.join(STRATEGY_POLICIES)} for the quiet-night and peak-hour scenarios, "
-        f"else {','.join(ISSUE_6_POLICIES)})",
+        f"else {','.join(EXTENDER_POLICIES)})",
     )
     parser.add_argument(
         "--config", type=Path, help="extender settings file (thresholds, weights, INFLIGHT_MAX_SECONDS); env wins"
@@ -187,7 +188,7 @@ def _default_policies(args: argparse.Namespace) -> list[str]:
         return args.policies
     if not args.trace and args.scenario in ("quiet-night", "peak-hour"):
         return list(STRATEGY_POLICIES)
-    return list(ISSUE_6_POLICIES)
+    return list(EXTENDER_POLICIES)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -214,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     summaries: dict[str, PolicySummary] = {r.policy: summarise(r) for r in results}
     strategies_ran = any(name in STRATEGY_POLICIES for name in names)
-    # Each issue's goals are shown when its policies ran (both when neither did).
+    # Each set of goals is shown when its policies ran (both when neither did).
     checks = goal_checks(summaries, fleet.replicas) if "load" in names or not strategies_ran else []
     strategy_checks = strategy_goal_checks(summaries, capacities, scenario) if strategies_ran else []
     description = _describe(fleet, trace, policy, model)
@@ -227,9 +228,9 @@ def run(args: argparse.Namespace) -> int:
     print(format_capacity(list(capacities.values())))
     print(f"\n{CAPACITY_LEGEND}")
     if checks:
-        print(f"\nGoals (issue 6):\n{format_goals(checks)}")
+        print(f"\nGoals of the load-aware extender (judged on the mixed trace):\n{format_goals(checks)}")
     if strategy_checks:
-        print(f"\nGoals (issue 7):\n{format_goals(strategy_checks)}")
+        print(f"\nGoals of the scoring strategies (judged on quiet-night, peak-hour):\n{format_goals(strategy_checks)}")
     if fleet.replicas == 1:
         print(
             "\nDevices are exclusive (no time-slicing, as the collection deploys): every device with room is idle, so"
@@ -256,6 +257,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"\nPlots: {plot}, {capacity_plot}")
         except ImportError:
             print("\nPlot skipped: matplotlib is not installed (pip install 'gpufleet-extender[sim]')", file=sys.stderr)
+    said = findings(document)
+    if said:
+        print("\nVerdict: " + "\n         ".join(said))
     write_json(args.output / "results.json", document)
     print(f"Results: {args.output / 'results.json'}")
     if args.check and any(c.passed is False for c in (*checks, *strategy_checks)):

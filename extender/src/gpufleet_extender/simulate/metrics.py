@@ -1,4 +1,4 @@
-"""Figures of a run (the report's table) and the goal checks of issue 6.
+"""Figures of a run (the report's table) and the load-aware extender's goal checks.
 
 - waiting time: arrival to start, over the pods that were placed (p50, p95, nearest rank);
 - hot placements: pods placed onto a device at or above a threshold while a free device below existed in the
@@ -95,18 +95,20 @@ def summarise(result: RunResult) -> PolicySummary:
 @dataclass(frozen=True, slots=True)
 class GoalCheck:
     goal: str
-    passed: bool | None  # None: not checked (a policy it needs was not run)
+    passed: bool | None  # None: not checked (a policy it needs was not run, or another trace is its subject)
     detail: str
+    key: str = ""  # which goal, for the verdict's words (simulate/verdict.py)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def goal_checks(summaries: dict[str, PolicySummary], replicas: int) -> list[GoalCheck]:
-    """Issue 6's goals: ``load`` makes no hot placements, and its load CoV is at most half of ``count``'s."""
+    """The extender's goals on the mixed trace: ``load`` makes no hot placements, and its load CoV is at most half
+    of ``count``'s."""
     load, count = summaries.get("load"), summaries.get("count")
     if load is None:
-        return [GoalCheck("load makes zero hot placements", None, "policy 'load' not run")]
+        return [GoalCheck("load makes zero hot placements", None, "policy 'load' not run", "load-hot")]
     detail = f"load: {load.hot_placements} hot placement(s) of {load.placed} placed"
     if load.hot_placements:
         detail += f" ({load.hot_on_cool_node} on nodes the last sample showed with cool room: device choice or lag)"
@@ -115,9 +117,9 @@ def goal_checks(summaries: dict[str, PolicySummary], replicas: int) -> list[Goal
     if replicas == 1:
         # A device with a free slot holds no pod when devices are exclusive: nothing can be hot.
         detail += " (exclusive devices: a free device is idle, so no policy can place onto a hot one)"
-    checks = [GoalCheck("load makes zero hot placements", load.hot_placements == 0, detail)]
+    checks = [GoalCheck("load makes zero hot placements", load.hot_placements == 0, detail, "load-hot")]
     if count is None:
-        checks.append(GoalCheck(f"load CoV <= {GOAL_COV_RATIO} x count's", None, "policy 'count' not run"))
+        checks.append(GoalCheck(f"load CoV <= {GOAL_COV_RATIO} x count's", None, "policy 'count' not run", "load-cov"))
     else:
         limit = GOAL_COV_RATIO * count.load_cov
         ratio = f"{load.load_cov / count.load_cov:.2f}" if count.load_cov > 0 else "n/a"
@@ -126,6 +128,7 @@ def goal_checks(summaries: dict[str, PolicySummary], replicas: int) -> list[Goal
                 f"load CoV <= {GOAL_COV_RATIO} x count's",
                 load.load_cov <= limit,
                 f"load {load.load_cov:.3f} vs count {count.load_cov:.3f} (ratio {ratio}, limit {limit:.3f})",
+                "load-cov",
             )
         )
     return checks

@@ -91,7 +91,7 @@ class RunResult:
 
 
 class Probe:
-    """An extra series recorded at each sample (issue 7's free whole GPUs, largest placeable request...)."""
+    """An extra series recorded at each sample (the free whole GPUs, largest placeable request...)."""
 
     name = "probe"
 
@@ -174,15 +174,31 @@ class Simulation:
             if not any(len(n.by_resource.get(p.resource, ())) >= p.count for n in self.pool(p))
         ]
         if homeless:
-            shown = "; ".join(
-                f"{p.name} ({p.count}x {p.resource}, namespace {p.namespace}, tenant {self.tenant_of(p)})"
-                for p in homeless[:3]
+            shown = "; ".join(f"{p.name}: {self._why_homeless(p)}" for p in homeless[:3])
+            more = f"; and {len(homeless) - 3} more" if len(homeless) > 3 else ""
+            raise SimulationError(f"{len(homeless)} pod(s) of the trace can never run on this fleet: {shown}{more}")
+
+    def _why_homeless(self, pod: PodSpec) -> str:
+        """Why no node can ever hold ``pod``: a resource no node has (a typo), a namespace of no tenant, a pool
+        without the resource, or a count above any node's."""
+        nodes = self.cluster.nodes.values()
+        fleet_resources = sorted({r for n in nodes for r in n.by_resource})
+        if pod.resource not in fleet_resources:
+            return f"resource {pod.resource} is on no node of this fleet (it has {', '.join(fleet_resources)})"
+        tenant = self.tenant_of(pod)
+        pool = self.pool(pod)
+        if tenant is None and not pool:
+            known = ", ".join(sorted(self.fleet.namespace_tenants)) or "none"
+            return (
+                f"namespace {pod.namespace!r} belongs to no tenant (the fleet's namespaces: {known}) and no node is "
+                "shared"
             )
-            more = f" and {len(homeless) - 3} more" if len(homeless) > 3 else ""
-            raise SimulationError(
-                f"{len(homeless)} pod(s) can never run on this fleet (no node of their tenant pool has that many "
-                f"devices of that resource): {shown}{more}"
-            )
+        owner = f"tenant {tenant}'s pool" if tenant else "the shared nodes"
+        most = max((len(n.by_resource.get(pod.resource, ())) for n in pool), default=0)
+        if most == 0:
+            have = sorted({r for n in pool for r in n.by_resource})
+            return f"no node of {owner} has {pod.resource} (it has {', '.join(have) or 'no nodes'})"
+        return f"needs {pod.count}x {pod.resource}; a node of {owner} has at most {most}"
 
     # --- events ----------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ kube-scheduler's own filters leave - and returns a node name, or None to leave t
   kube_scheduler role's weight 3 one extender point outweighs NodeResourcesFit's whole range, so the node is
   the highest extender score, ties by least allocated (the ``count`` rule), then by name. ``load`` scores with
   the settings' ``SCORING_STRATEGY`` (spread unless ``--config`` says otherwise): what a deployment would do.
-- ``spread`` / ``pack`` / ``auto``: ``load`` with that scoring strategy forced (issue 7). ``auto`` keeps its
+- ``spread`` / ``pack`` / ``auto``: ``load`` with that scoring strategy forced. ``auto`` keeps its
   own ``scoring.ModeSelector``, moved on by each new snapshot as the service's is, and counts its placements
   per mode in ``placements_by_mode``.
 
@@ -158,8 +158,8 @@ POLICIES: dict[str, Callable[[int], PlacementPolicy]] = {
     "pack": lambda seed: LoadPolicy(inflight=True, strategy=Strategy.PACK, name="pack"),
     "auto": lambda seed: LoadPolicy(inflight=True, strategy=Strategy.AUTO, name="auto"),
 }
-ISSUE_6_POLICIES = ("count", "random-fit", "load", "load-no-inflight")  # the mixed trace's default comparison
-STRATEGY_POLICIES = ("spread", "pack", "auto")  # issue 7: the quiet-night and peak-hour traces' default
+EXTENDER_POLICIES = ("count", "random-fit", "load", "load-no-inflight")  # the mixed trace's default comparison
+STRATEGY_POLICIES = ("spread", "pack", "auto")  # the quiet-night and peak-hour traces' default
 
 
 def make_policy(name: str, seed: int) -> PlacementPolicy:

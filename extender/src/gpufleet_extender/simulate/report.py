@@ -9,6 +9,7 @@ from typing import Any
 
 from gpufleet_extender.simulate.metrics import GoalCheck, PolicySummary
 from gpufleet_extender.simulate.model import RunResult
+from gpufleet_extender.simulate.verdict import why_not_met
 
 _COLUMNS = (
     # header, width, how to show the summary's value
@@ -62,8 +63,13 @@ LEGEND = "\n".join(
 
 
 def format_goals(checks: Sequence[GoalCheck]) -> str:
-    marks = {True: "PASS", False: "FAIL", None: "SKIP"}
-    return "\n".join(f"  [{marks[c.passed]}] {c.goal}: {c.detail}" for c in checks)
+    marks = {True: "met", False: "NOT MET", None: "not judged"}
+    lines = []
+    for check in checks:
+        lines.append(f"  [{marks[check.passed]}] {check.goal}: {check.detail}")
+        if check.passed is False:
+            lines.append(f"      why: {why_not_met(check.key)}")
+    return "\n".join(lines)
 
 
 def write_json(path: Path, document: Mapping[str, Any]) -> None:

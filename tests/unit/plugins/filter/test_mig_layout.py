@@ -108,3 +108,13 @@ def test_validation_messages(mig_devices, message):
 def test_request_errors(config, gpu_count, message):
     with pytest.raises(AnsibleFilterError, match=message):
         resources(config, gpu_count)
+
+
+def test_a_gpu_level_error_names_the_config_entry_that_asks_for_it():
+    config = [
+        {"devices": [0, 1], "mig_enabled": True, "mig_devices": {"3g.40gb": 2}},
+        {"devices": [2, 3], "mig_enabled": True, "mig_devices": {"1g.20gb": 3, "3g.40gb": 1}},
+    ]
+    with pytest.raises(AnsibleFilterError) as refused:
+        resources(config, 4)
+    assert "config[1]: GPU 2 (NVIDIA H100 80GB HBM3): the layout needs 10 memory slices" in str(refused.value)

@@ -354,3 +354,14 @@ def test_gpu_info_reports_what_device_filters_match(sim):
     result = mig(sim, [dict(entry, device_filter=[f"{gpus[0]['pci_device_id']}:{gpus[0]['pci_subsystem_id']}"])])
     assert [g["index"] for g in result["gpus"]] == [0]
     assert mig(sim, [dict(entry, device_filter=["0x233010DE:0x17A610DE"])])["gpus"] == []
+
+
+def test_a_gpu_level_error_names_the_config_entry_that_asks_for_it(sim):
+    # GPU 1's layout comes from the second entry: the message points at config[1], as entry-level errors do.
+    config = [
+        {"devices": [0], "mig_enabled": True, "mig_devices": {"7g.80gb": 1}},
+        {"devices": [1], "mig_enabled": True, "mig_devices": {"2g.20gb": 4}},
+    ]
+    result = mig(sim, config)
+    assert result["failed"]
+    assert "config[1]: GPU 1 (NVIDIA H100 80GB HBM3): 4 x 2g.20gb requested, at most 3 fit on one GPU" in result["msg"]

@@ -1,0 +1,107 @@
+"""The simulator's verdict in words: what a run's figures say, and which goals it met and why not.
+
+Works on the ``results.json`` document a run writes (``cli.run``), so a report can be worded again from the file
+(``make lab``'s closing block does). Each goal that is not met gets the model's reason in one line and a link to the
+section of docs/simulator.md that explains it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+DOCS = "docs/simulator.md"
+# Sections of docs/simulator.md (GitHub's anchors); the docs test checks that each exists.
+GOALS_SECTION = "goals-and-what-the-model-says-about-them"
+STRATEGIES_SECTION = "scoring-strategies-spread-pack-and-auto"
+
+# Why each goal can be missed, as the model shows it (docs/simulator.md says it at length), and where.
+_WHY_NOT_MET: dict[str, tuple[str, str]] = {
+    "load-hot": (
+        "with shared devices the pod gets the device the device plugin picks, not the one the extender judged, and "
+        "bursts that begin after the last scrape are invisible",
+        GOALS_SECTION,
+    ),
+    "load-cov": (
+        "the extender scores the devices a pod would get, never the node's load, so it cannot pull node load "
+        "together: node spread stays where counting puts it",
+        GOALS_SECTION,
+    ),
+    "auto-free": (
+        "spread already leaves most GPUs free at night (the first free device is taken on each node); twice that is "
+        "more than the fleet has. Packing frees whole nodes instead",
+        STRATEGIES_SECTION,
+    ),
+    "auto-hot": (
+        "auto's mode follows mean device load, which a busy MIG pool of bursty pods keeps low",
+        STRATEGIES_SECTION,
+    ),
+    "auto-cov": ("auto keeps packing while mean device load sits inside its hysteresis band", STRATEGIES_SECTION),
+}
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"x{a / b:.2f}" if b else "n/a"
+
+
+def findings(document: Mapping[str, Any]) -> list[str]:
+    """One or two sentences on what the run shows, with its figures."""
+    policies: Mapping[str, Mapping[str, Any]] = document.get("policies", {})
+    capacity: Mapping[str, Mapping[str, Any]] = document.get("capacity", {})
+    replicas = document.get("fleet", {}).get("replicas", 1)
+    lines: list[str] = []
+    load, count = policies.get("load"), policies.get("count")
+    if load and count:
+        figures = (
+            f"hot placements {load['hot_placements']} vs {count['hot_placements']}, "
+            f"node-load CoV {load['load_cov']:.3f} vs {count['load_cov']:.3f}, {load['held']} pod(s) held back"
+        )
+        if replicas == 1:
+            lines.append(
+                "With exclusive devices (as deployed) the load-aware extender places like counting GPUs "
+                f"(load vs count: {figures}): every device with room is idle, so every fitting node scores the same."
+            )
+        elif load["hot_placements"] < count["hot_placements"]:
+            lines.append(
+                f"With {replicas} pods per device the extender keeps pods off hot devices (load vs count: {figures})."
+            )
+        else:
+            lines.append(
+                f"With {replicas} pods per device the extender does no better than counting (load vs count: {figures})."
+            )
+    spread, auto = capacity.get("spread"), capacity.get("auto")
+    if spread and auto:
+        lines.append(
+            "Packing (auto vs spread) leaves "
+            f"{auto['free_nodes_mean']:.1f} vs {spread['free_nodes_mean']:.1f} whole nodes free "
+            f"({_ratio(auto['free_nodes_mean'], spread['free_nodes_mean'])}) and "
+            f"{auto['free_gpus_mean']:.1f} vs {spread['free_gpus_mean']:.1f} whole GPUs "
+            f"({_ratio(auto['free_gpus_mean'], spread['free_gpus_mean'])}): "
+            "it moves free capacity onto fewer nodes more than it frees GPUs."
+        )
+    return lines
+
+
+def goal_lines(document: Mapping[str, Any]) -> list[str]:
+    """`met` / `NOT MET` (with the reason and a docs link) per judged goal; goals not judged on this trace are left
+    out."""
+    lines = []
+    for goal in document.get("goals", []):
+        if goal["passed"] is None:
+            continue
+        if goal["passed"]:
+            lines.append(f"met      {goal['goal']}: {goal['detail']}")
+            continue
+        lines.append(f"NOT MET  {goal['goal']}: {goal['detail']}")
+        lines.append(f"         why: {why_not_met(goal.get('key', ''))}")
+    return lines
+
+
+def why_not_met(key: str) -> str:
+    """The model's reason a goal is missed, and the docs section that shows it."""
+    why, section = _WHY_NOT_MET.get(key, ("see the goals' section", GOALS_SECTION))
+    return f"{why} ({DOCS}#{section})"
+
+
+def goals_missed(document: Mapping[str, Any]) -> int:
+    return sum(1 for goal in document.get("goals", []) if goal["passed"] is False)

@@ -1,0 +1,385 @@
+"""Every command and config example in README.md, docs/ and extender/README.md runs or is validated here.
+
+Each fenced block is taken from the Markdown and checked by what it is: commands that can run here run (the
+simulator, the NVML simulator CLI, the boot-time apply), the others are checked as far as they can be without a
+fleet (`make -n`, `ansible-playbook --list-hosts`, the paths and options they name); YAML examples go through the
+validator the collection itself uses (scheduler configurations through kube_scheduler_config_errors, layouts
+through mig_node_resources, simulator fleets through the simulator's loader); the documented managedResources list
+is compared with the Hong Kong layouts. A block that no check recognises fails: a new example needs a check here,
+or the `text` tag when it is output, not input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+
+from support import collections_path  # noqa: E402
+
+COLLECTIONS_PATH = collections_path()  # also makes ansible_collections.gpufleet.mig importable
+BIN = Path(sys.executable).parent
+DOCS = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")), "extender/README.md"]
+BOOT_APPLY = "ansible_collections.gpufleet.mig.plugins.module_utils.boot_apply"
+SHELL_TAGS = {"sh", "console", "bash"}
+NOT_CHECKED_TAGS = {"text"}  # program output and directory listings, not input (the layout listing is checked below)
+
+
+@dataclass(frozen=True)
+class Block:
+    doc: str
+    line: int  # of the opening fence
+    tag: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+
+def blocks() -> list[Block]:
+    found = []
+    for doc in DOCS:
+        lines = (REPO / doc).read_text(encoding="utf-8").splitlines()
+        start = None
+        for number, line in enumerate(lines, 1):
+            if line.startswith("```"):
+                if start is None:
+                    start, tag, body = number, line[3:].strip(), []
+                else:
+                    found.append(Block(doc, start, tag, "\n".join(body)))
+                    start = None
+            elif start is not None:
+                body.append(line)
+    return found
+
+
+ALL = blocks()
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}  # not the outer make's flags
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
+    env["ANSIBLE_COLLECTIONS_PATH"] = COLLECTIONS_PATH
+    return env
+
+
+def _run(args: list[str], env: dict | None = None, cwd: Path = REPO, timeout: int = 300) -> str:
+    done = subprocess.run(
+        args, env=env or _env(), cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, (
+        f"{shlex.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    )
+    return done.stdout + done.stderr
+
+
+def commands(text: str) -> list[str]:
+    """The block's commands: comments and blank lines dropped, continuations joined."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    out = []
+    for line in joined.splitlines():
+        line = re.sub(r"\s+#\s.*$", "", line).strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+# --- lab-like files the commands name, made here from the inventory (make test does not run make lab) ----------
+
+
+@pytest.fixture(scope="module")
+def lab_files(tmp_path_factory) -> dict[str, str]:
+    """build/lab paths the docs name -> the same files made in a temporary directory by the collection's code."""
+    tmp = tmp_path_factory.mktemp("lab")
+    inventory = json.loads(_run([str(BIN / "ansible-inventory"), "-i", "inventories/lab", "--list"]))
+    hostvars = inventory["_meta"]["hostvars"]
+    paths = {}
+    for doc_text in (b.text for b in ALL):
+        for node in re.findall(r"build/lab/(?:hosts|nvml)/(hk-gpu-\d\d)", doc_text):
+            layout = tmp / f"{node}-mig-layout.json"
+            state = tmp / f"{node}-nvml.json"
+            if not layout.exists():
+                layout.write_text(json.dumps({"config": hostvars[node]["mig_partition_config"], "reset": True}))
+                _run(
+                    [sys.executable, "-m", BOOT_APPLY, "--config", str(layout), "--nvml-sim-state", str(state)],
+                    env={**_env(), "PYTHONPATH": COLLECTIONS_PATH},
+                )
+            paths[f"build/lab/hosts/{node}/etc/gpufleet/mig-layout.json"] = str(layout)
+            paths[f"build/lab/nvml/{node}.json"] = str(state)
+    settings = tmp / "extender.yaml"  # a user's own extender settings file, as the simulator docs suggest
+    settings.write_text("GPU_UTIL_THRESHOLD: 0.8\n")
+    paths["--config extender.yaml"] = f"--config {settings}"
+    return paths
+
+
+def _substitute(text: str, lab_files: dict[str, str]) -> str:
+    for ours, theirs in lab_files.items():
+        text = text.replace(ours, theirs)
+    return text
+
+
+@pytest.fixture(scope="module")
+def hongkong():
+    from gpufleet_extender.simulate.fleet import fleet_from_inventory
+
+    return fleet_from_inventory(REPO / "inventories" / "hongkong")
+
+
+# --- one command -------------------------------------------------------------------------------------------
+
+
+def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[str, str], built: set[str]) -> None:
+    words = shlex.split(command)
+    env = _env()
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    if words[0] == "env":  # `env VAR=... program`
+        words.pop(0)
+        while re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+            key, value = words.pop(0).split("=", 1)
+            env[key] = value
+    program, args = words[0], words[1:]
+    if "&&" in words:  # `cd k8s && go test ./gpuscore/`, `source ... && molecule test -s x`
+        first, rest = command.split("&&", 1)
+        check_command(first.strip(), block, tmp_path, lab_files, built)
+        check_command(rest.strip(), block, tmp_path, lab_files, built)
+        return
+    if program == "make":
+        _run(["make", "-n", *args], env=env)
+    elif program == "cd":
+        assert (REPO / args[0]).is_dir(), f"{block}: no directory {args[0]}"
+        built.add(f"cwd={args[0]}")
+    elif program == "go":
+        cwd = next((b[4:] for b in built if b.startswith("cwd=")), ".")
+        package = REPO / cwd / args[-1]
+        assert list(package.glob("*_test.go")), f"{block}: {command}: no Go tests in {package}"
+    elif program == "source":
+        assert (REPO / args[0]).is_file(), f"{block}: {args[0]} does not exist"
+    elif program == "molecule":
+        scenario = args[args.index("-s") + 1]
+        assert (REPO / "extensions" / "molecule" / scenario / "molecule.yml").is_file(), (
+            f"{block}: no scenario {scenario}"
+        )
+    elif program == "ansible-playbook":
+        listed = [a for a in args if a not in ("--check", "--diff")]
+        listed = [a.replace("$PWD", str(REPO)) for a in listed]
+        out = _run([str(BIN / "ansible-playbook"), *listed, "--list-hosts"], env=env)
+        assert "Could not match supplied host pattern" not in out, f"{block}: {command}: {out}"
+        assert re.search(r"hosts \([1-9]", out), f"{block}: {command} selects no host:\n{out}"
+    elif program == "gpufleet-extender":
+        _check_extender_cli(args, block, tmp_path, lab_files)
+    elif program in (".venv/bin/pytest", "pytest"):
+        paths = [a for a in args if not a.startswith("-") and (REPO / a).exists()]
+        assert paths, f"{block}: {command}: names no existing test path"
+        if "-k" in args:
+            word = args[args.index("-k") + 1]
+            sources = "".join(
+                p.read_text()
+                for a in paths
+                for p in ([REPO / a] if a.endswith(".py") else (REPO / a).rglob("test_*.py"))
+            )
+            assert re.search(rf"def test_\w*{re.escape(word)}", sources), f"{block}: -k {word} selects no test"
+    elif program in (".venv/bin/python", "python", "python3") and args[0] != "-m":
+        script = REPO / args[0]
+        assert script.is_file(), f"{block}: {args[0]} does not exist"
+        help_text = _run([sys.executable, str(script), "--help"], env=env)
+        for option in (a for a in args[1:] if a.startswith("--")):
+            assert option in help_text, f"{block}: {script.name} has no option {option}"
+        if "--sections" in args:
+            for section in args[args.index("--sections") + 1].split(","):
+                assert section in help_text, f"{block}: {script.name} has no section {section}"
+    elif program in (".venv/bin/python", "python", "python3"):
+        # A module of the collection (boot_apply, nvml_sim), run for real on files made from the inventory.
+        _run([sys.executable, *[_substitute(a, lab_files) for a in args]], env=env)
+    elif program in ("docker", "podman"):
+        if args[0] == "build":
+            image, context = args[args.index("-t") + 1], args[-1]
+            assert (REPO / context / "Dockerfile").is_file(), f"{block}: no Dockerfile in {context}"
+            built.add(image)
+        else:
+            image = args[-1]
+            assert image in built, f"{block}: {command}: image {image} is not the one the block builds"
+            config = (REPO / "extender/src/gpufleet_extender/config.py").read_text()
+            for setting in (args[i + 1].split("=")[0] for i, a in enumerate(args) if a == "-e"):
+                assert setting in config, f"{block}: {setting} is no extender setting"
+    elif program == "pip":
+        requirement = re.match(r"[A-Za-z0-9_.-]+", args[1]).group(0)
+        assert requirement in (REPO / "requirements.txt").read_text(), f"{block}: {requirement} not in requirements.txt"
+    else:
+        pytest.fail(f"{block}: no check for the command {command!r}: add one to tests/unit/test_docs.py")
+
+
+def _check_extender_cli(args: list[str], block: Block, tmp_path: Path, lab_files: dict[str, str]) -> None:
+    cli = str(BIN / "gpufleet-extender")
+    if args[0] == "serve" or args[1:] == ["..."]:
+        help_text = _run([cli, args[0], "--help"])
+        for option in re.findall(r"--[a-z-]+", " ".join(args)):
+            assert option in help_text, f"{block}: gpufleet-extender {args[0]} has no option {option}"
+        return
+    args = shlex.split(_substitute(shlex.join(args), lab_files))
+    if "--output" in args:  # the documented directory is replaced by a temporary one
+        args[args.index("--output") + 1] = str(tmp_path / "sim")
+    else:
+        args += ["--output", str(tmp_path / "sim")]
+    if "--trace" not in args:
+        args += ["--hours", "0.05"]  # the documented command, on a short trace
+    _run([cli, *args, "--no-plot", "--quiet"])
+
+
+SHELL_BLOCKS = [b for b in ALL if b.tag in SHELL_TAGS]
+
+
+@pytest.mark.parametrize("block", SHELL_BLOCKS, ids=str)
+def test_every_documented_command_runs_or_is_valid(block, tmp_path, lab_files):
+    if re.search(r"^[A-Z_]+=\"", block.text, re.M):  # the block defines a variable: it is one script, run as is
+        script = _substitute(block.text, lab_files)
+        _run(["bash", "-euo", "pipefail", "-c", script])
+        return
+    built: set[str] = set()
+    for command in commands(block.text):
+        check_command(command, block, tmp_path, lab_files, built)
+
+
+# --- config examples ------------------------------------------------------------------------------------------
+
+ROLES = REPO / "roles"
+
+
+def _role_text(role: str) -> str:
+    return "".join(p.read_text() for p in (ROLES / role).rglob("*") if p.is_file() and p.suffix in (".j2", ".yml"))
+
+
+def check_yaml(block: Block, hongkong, tmp_path: Path) -> None:
+    data = yaml.safe_load(block.text)
+    from ansible_collections.gpufleet.mig.plugins.filter.kube_scheduler import kube_scheduler_config_errors
+    from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_resources
+
+    if isinstance(data, list) and all(isinstance(p, dict) and "hosts" in p for p in data):
+        playbook = tmp_path / "play.yml"
+        playbook.write_text(block.text)
+        _run([str(BIN / "ansible-playbook"), "-i", "inventories/lab", "--syntax-check", str(playbook)])
+    elif isinstance(data, dict) and "mig_partition_config" in data:
+        assert mig_node_resources(data["mig_partition_config"], 8)
+    elif isinstance(data, dict) and ("extenders" in data or ("profiles" in data and "schedulerName" in str(data))):
+        config = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration", **data}
+        config.setdefault("profiles", [{"schedulerName": "default-scheduler"}])
+        for profile in config["profiles"]:
+            for plugin in profile.get("pluginConfig", []):
+                plugin.get("args", {}).pop("...", None)  # the example's elision
+        # As the role checks it: gpufleet-scheduler registers GPUScore besides the in-tree plugins.
+        plugins = ["GPUScore"] if "GPUScore" in block.text else []
+        errors = kube_scheduler_config_errors(config, plugins)
+        assert errors == [], f"{block}: kube-scheduler would refuse it: {errors}"
+        for extender in data.get("extenders", []):
+            documented = {r["name"] for r in extender.get("managedResources", [])}
+            layouts = {d.resource for node in hongkong.nodes for d in node.devices}
+            assert documented == layouts, (
+                f"{block}: managedResources {sorted(documented)} differ from what the Hong Kong layouts expose "
+                f"{sorted(layouts)}"
+            )
+    elif isinstance(data, dict) and data.get("kind") == "DeschedulerPolicy":
+        text = _role_text("descheduler")
+        assert data["apiVersion"] in text, f"{block}: the role renders another apiVersion"
+        for profile in data["profiles"]:
+            for plugin in profile["pluginConfig"]:
+                assert plugin["name"] in text, f"{block}: the role has no {plugin['name']}"
+    elif isinstance(data, list) and data and "job_name" in data[0]:
+        assert data[0]["job_name"] in _role_text("dcgm_exporter"), f"{block}: the role's scrape job has another name"
+    elif isinstance(data, dict) and "nodes" in data:
+        from gpufleet_extender.simulate.fleet import fleet_from_yaml
+
+        fleet_file = tmp_path / "fleet.yml"
+        fleet_file.write_text(block.text)
+        assert fleet_from_yaml(fleet_file).nodes
+    elif isinstance(data, dict) and "nodeSelector" in data:
+        text = _role_text("tenants")
+        assert all(key in text for key in data["nodeSelector"]), f"{block}: the tenants role sets other labels"
+        assert all(t["key"] in text for t in data["tolerations"]), f"{block}: the tenants role sets other taints"
+    elif isinstance(data, dict) and data.get("kind") == "AdmissionConfiguration":
+        assert "matchContains" in str(data) and "nvidia.com/" in str(data)
+    elif isinstance(data, dict) and "spec" in data and "hard" in data["spec"]:
+        # The finnlp quota example: the pool's devices split over its namespaces.
+        tenant = re.search(r"tenant (\w+)", block.text).group(1)
+        namespaces = len(hongkong.namespaces_of(tenant))
+        for key, value in data["spec"]["hard"].items():
+            resource = key.removeprefix("requests.")
+            total = sum(1 for n in hongkong.nodes if n.tenant == tenant for d in n.devices if d.resource == resource)
+            assert value == total // namespaces, f"{block}: {key}: {value}, the layouts give {total // namespaces}"
+    elif isinstance(data, dict) and set(data) <= set(_role_text("tenants").split()) | {"tenants_quota_overrides"}:
+        for variable in data:
+            assert variable in (ROLES / "tenants/meta/argument_specs.yml").read_text(), f"{block}: no {variable}"
+    else:
+        pytest.fail(f"{block}: no check for this YAML example: add one to tests/unit/test_docs.py")
+
+
+@pytest.mark.parametrize("block", [b for b in ALL if b.tag == "yaml"], ids=str)
+def test_every_yaml_example_is_valid(block, hongkong, tmp_path):
+    check_yaml(block, hongkong, tmp_path)
+
+
+@pytest.mark.parametrize("block", [b for b in ALL if b.tag == "json"], ids=str)
+def test_every_json_example_loads(block, tmp_path):
+    from gpufleet_extender.simulate.trace import load_trace
+
+    data = json.loads(block.text)
+    if "arrival" in data:  # a trace line
+        trace = tmp_path / "trace.jsonl"
+        trace.write_text(block.text + "\n")
+        assert load_trace(trace).pods
+    else:  # an NVML simulator state
+        assert set(data) == {"version", "gpus", "faults"} and data["version"] == 1
+
+
+@pytest.mark.parametrize("block", [b for b in ALL if b.tag == "ini"], ids=str)
+def test_the_documented_unit_is_the_roles(block):
+    template = (ROLES / "mig_partition/templates/gpufleet-mig-layout.service.j2").read_text()
+    for line in block.text.splitlines():
+        if "=" in line:
+            key = line.split("=", 1)[0]
+            assert f"{key}=" in template, f"{block}: the unit template has no {key}"
+    module = re.search(r"-m (\S+)", block.text).group(1)
+    assert module in (ROLES / "mig_partition/vars/main.yml").read_text(), f"{block}: the unit runs another module"
+
+
+def test_every_block_is_checked():
+    checked = SHELL_TAGS | NOT_CHECKED_TAGS | {"yaml", "json", "ini"}
+    unknown = [f"{b} ({b.tag or 'no tag'})" for b in ALL if b.tag not in checked]
+    assert not unknown, f"blocks no test checks (tag them, or add a check): {unknown}"
+
+
+def test_the_repository_layout_listing_names_existing_paths():
+    (listing,) = [b for b in ALL if b.doc == "README.md" and b.tag == "text" and "galaxy.yml" in b.text]
+    for line in listing.text.splitlines():
+        paths = line.split("  ")[0].split()  # "playbooks/site.yml mig.yml": the second beside the first
+        first = paths[0]
+        for path in paths:
+            beside = REPO / Path(first.rstrip("/")).parent / path
+            assert (REPO / path).exists() or beside.exists(), f"README.md:{listing.line}: {path} does not exist"
+
+
+def test_the_verdicts_links_point_at_sections_of_the_simulator_docs():
+    from gpufleet_extender.simulate import verdict
+
+    headings = re.findall(r"^#+ (.+)$", (REPO / verdict.DOCS).read_text(), re.M)
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
+    assert {verdict.GOALS_SECTION, verdict.STRATEGIES_SECTION} <= anchors
+
+
+def test_the_layout_filters_are_documented():
+    names = ["gpufleet.mig.mig_node_resources", "gpufleet.mig.mig_node_instances"]
+    docs = json.loads(_run([str(BIN / "ansible-doc"), "-t", "filter", "--json", *names]))
+    for name in names:
+        assert docs[name]["doc"]["short_description"] and docs[name]["examples"], name

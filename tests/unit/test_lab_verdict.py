@@ -1,0 +1,82 @@
+"""make lab's closing block (tools/lab_verdict.py) on a lab directory laid out as make lab leaves it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tools" / "lab_verdict.py"
+
+SUMMARY = """tenant llm (tenant_llm): 2 nodes - whole GPUs
+  hk-gpu-01    8 x whole GPU
+  hk-gpu-02    7 x whole GPU  (!) layout implies 8 x whole GPU
+  pool total   15 x whole GPU
+"""
+
+
+def _lab(tmp_path: Path, cov_met: bool) -> Path:
+    lab = tmp_path / "lab"
+    (lab / "manifests" / "tenants").mkdir(parents=True)
+    (lab / "manifests" / "tenants" / "quotas.yaml").write_text("kind: ResourceQuota\n")
+    (lab / "fleet-summary.txt").write_text(SUMMARY)
+    mixed = {
+        "fleet": {"replicas": 1},
+        "trace": {"pods": 100},
+        "policies": {
+            "count": {"hot_placements": 0, "load_cov": 0.6, "held": 0},
+            "load": {"hot_placements": 0, "load_cov": 0.2 if cov_met else 0.6, "held": 3},
+        },
+        "goals": [
+            {"goal": "load makes zero hot placements", "passed": True, "detail": "0", "key": "load-hot"},
+            {"goal": "load CoV <= 0.5 x count's", "passed": cov_met, "detail": "ratio", "key": "load-cov"},
+        ],
+    }
+    quiet = {
+        "trace": {"pods": 50},
+        "capacity": {
+            "spread": {"free_gpus_mean": 10.0, "free_nodes_mean": 1.0},
+            "auto": {"free_gpus_mean": 11.0, "free_nodes_mean": 2.0},
+        },
+        "goals": [{"goal": "auto hot placements <= spread's (peak-hour)", "passed": None, "detail": "-"}],
+    }
+    for run, document in (("sim", mixed), ("sim-quiet", quiet)):
+        (lab / run).mkdir()
+        (lab / run / "results.json").write_text(json.dumps(document))
+    (lab / "sim" / "node_load.png").write_bytes(b"\x89PNG")
+    return lab
+
+
+def _verdict(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=False)
+
+
+def test_a_missed_goal_is_said_with_its_reason_and_passes_unless_enforced(tmp_path):
+    lab = _lab(tmp_path, cov_met=False)
+    run = _verdict(str(lab))
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "tenant llm (tenant_llm): 2 nodes" in out and "pool total   15 x whole GPU" in out
+    assert "hk-gpu-02    7 x whole GPU  (!) layout implies" in out and "hk-gpu-01" not in out  # only odd nodes
+    assert "places like counting GPUs" in out and "2.0 vs 1.0 whole nodes free (x2.00)" in out
+    assert "NOT MET  load CoV <= 0.5 x count's" in out
+    assert "docs/simulator.md#goals-and-what-the-model-says-about-them" in out
+    assert "1 goal(s) not met" in out and "LAB_GOALS=enforce" in out
+    assert "peak-hour" not in out  # not judged on these traces: not listed
+    assert f"manifests   {lab}/manifests/ (1 files" in out and f"{lab}/sim/node_load.png" in out
+    assert "issue" not in out.lower()
+    enforced = _verdict(str(lab), "--enforce-goals")
+    assert enforced.returncode == 1 and "make lab fails" in enforced.stdout
+
+
+def test_all_goals_met_and_a_missing_step(tmp_path):
+    lab = _lab(tmp_path, cov_met=True)
+    run = _verdict(str(lab), "--enforce-goals")
+    assert run.returncode == 0 and "every goal judged on these traces is met" in run.stdout
+    (lab / "sim-quiet" / "results.json").unlink()
+    missing = _verdict(str(lab))
+    assert missing.returncode == 2 and "sim-quiet/results.json is missing: the simulator step did not run" in (
+        missing.stderr
+    )

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""The closing block of `make lab`: the fleet, the placement simulator's verdict, the goals, and where things are.
+
+Reads what the lab's steps left in the lab directory (default build/lab): fleet-summary.txt (written by
+playbooks/site.yml when gpufleet_fleet_summary_file is set, as the lab inventory does), sim/results.json and
+sim-quiet/results.json (gpufleet-extender simulate), and the rendered manifests.
+
+A goal the simulator does not meet is a finding about the placement model, explained in docs/simulator.md, not a
+fault of the lab: the block says so, and the exit status stays 0. `--enforce-goals` (`make lab LAB_GOALS=enforce`)
+exits 1 when any goal is not met. A missing input (a step that did not run) exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+from gpufleet_extender.simulate.verdict import findings, goal_lines, goals_missed
+
+WIDTH = 118
+RULE = "=" * WIDTH
+# The simulator runs of `make lab`: output directory -> what it compares.
+RUNS = {
+    "sim": "mixed trace, count vs random-fit vs load",
+    "sim-quiet": "quiet-night trace, spread vs pack vs auto",
+}
+
+
+def _fleet_lines(summary: Path) -> list[str]:
+    """Per pool: its line and its total; a node's line only when it disagrees with its layout or waits for a reboot."""
+    lines = []
+    for line in summary.read_text(encoding="utf-8").splitlines():
+        if line.startswith("tenant ") or "pool total" in line or "(!)" in line or "pending" in line:
+            lines.append("  " + line)
+    return lines
+
+
+def _count_files(directory: Path) -> int:
+    return sum(1 for path in directory.rglob("*") if path.is_file()) if directory.is_dir() else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("lab_dir", type=Path, nargs="?", default=Path("build/lab"))
+    parser.add_argument("--enforce-goals", action="store_true", help="exit 1 when a simulator goal is not met")
+    args = parser.parse_args(argv)
+    lab: Path = args.lab_dir
+
+    summary = lab / "fleet-summary.txt"
+    documents = {}
+    for run in RUNS:
+        path = lab / run / "results.json"
+        if not path.is_file():
+            print(f"lab verdict: {path} is missing: the simulator step did not run", file=sys.stderr)
+            return 2
+        documents[run] = json.loads(path.read_text(encoding="utf-8"))
+    if not summary.is_file():
+        print(f"lab verdict: {summary} is missing: playbooks/site.yml did not finish", file=sys.stderr)
+        return 2
+
+    out = [RULE, "make lab: the verdict", RULE]
+    out.append(f"Fleet, read back from the simulated GPUs (per node: {summary}):")
+    out += _fleet_lines(summary)
+
+    out.append("Placement simulator, on the lab's fleet (docs/simulator.md):")
+    for run, document in documents.items():
+        trace = document["trace"]
+        out.append(f"  {RUNS[run]} ({trace['pods']} pods):")
+        out += [f"    {line}" for line in findings(document)]
+
+    missed = sum(goals_missed(d) for d in documents.values())
+    out.append("Goals:")
+    for document in documents.values():
+        out += [f"  {line}" for line in goal_lines(document)]
+    if missed and args.enforce_goals:
+        out.append(f"  {missed} goal(s) not met: make lab fails (LAB_GOALS=enforce).")
+    elif missed:
+        out.append(
+            f"  {missed} goal(s) not met. That is what the model shows, not a fault of the lab, so make lab passes;"
+            "\n  `make lab LAB_GOALS=enforce` makes a goal not met fail it."
+        )
+    else:
+        out.append("  every goal judged on these traces is met.")
+
+    manifests = lab / "manifests"
+    plots = sorted(str(p) for run in RUNS for p in (lab / run).glob("*.png"))
+    out.append("Where:")
+    out.append(f"  manifests   {manifests}/ ({_count_files(manifests)} files, one directory per role)")
+    out.append(f"  plots       {', '.join(plots) if plots else 'none (matplotlib missing)'}")
+    out.append(
+        "  reports     " + ", ".join(f"{lab / run}/report.txt" for run in RUNS) + " (tables); results.json beside each"
+    )
+    out.append(f"  host state  {lab / 'nvml'}/ (simulated GPUs), {lab / 'hosts'}/ (each node's files)")
+    out.append(RULE)
+    for line in "\n".join(out).splitlines():
+        lead = len(line) - len(line.lstrip())
+        # A goal's text continues under itself, past its "met" / "NOT MET" label.
+        indent = " " * (lead + (9 if line.lstrip().startswith(("met ", "NOT MET ")) else 2))
+        print(textwrap.fill(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False))
+    return 1 if missed and args.enforce_goals else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
