@@ -40,6 +40,7 @@ class DeviceMetrics:
     key: str
     util: float
     mem: float | None
+    pods: int | None = None  # pods holding the device at the sample (time-slicing); None: the source does not say
 
 
 @dataclass(frozen=True, slots=True)
