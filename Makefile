@@ -46,6 +46,11 @@ lab: venv collection-link
 	gpufleet-extender simulate --inventory inventories/lab --output $(LAB_DIR)/sim --seed 1
 	# ... and whether packing at night frees whole GPUs and nodes (spread vs pack vs auto).
 	gpufleet-extender simulate --inventory inventories/lab --scenario quiet-night --output $(LAB_DIR)/sim-quiet --seed 1
+	# ... where load differs: finnlp's 1g.10gb time-sliced x4, and tensor-parallel LLM pods with interference.
+	gpufleet-extender simulate --inventory inventories/lab --share finnlp:1g.10gb=4 --device-choice distributed \
+		--policies count,load --output $(LAB_DIR)/sim-shared --seed 1
+	INTERFERENCE_WEIGHT=2 gpufleet-extender simulate --inventory inventories/lab --scenario tp-mix --interference 0.3 \
+		--device-choice distributed --output $(LAB_DIR)/sim-tp --seed 1
 
 lab-reset:
 	rm -rf $(LAB_DIR)

@@ -307,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nPer pool:\n{format_pools(list(figures.values()))}")
     if pool_checks:
         print(f"\nGoals for shared devices, tensor-parallel pods and interference:\n{format_goals(pool_checks)}")
-    if fleet.replicas == 1:
+    if not fleet.shared_resources():
         print(
             "\nDevices are exclusive (no time-slicing, as the collection deploys): every device with room is idle, so"
             "\nspread scores all fitting nodes alike. pack and auto still choose the node (by its devices' load), which"

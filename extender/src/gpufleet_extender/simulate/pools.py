@@ -174,6 +174,8 @@ def format_pools(figures: Sequence[PoolFigures]) -> str:
     for entry in figures:
         for pool in sorted(entry.load_cov):
             slowdown = entry.mean_slowdown.get(pool)
+            if slowdown is not None and abs(slowdown) < 5e-4:
+                slowdown = 0.0  # float noise of run time / duration
             waits = entry.wait_p95_by_size.get(pool, {})
             sizes = ", ".join(f"{size}: {'-' if w is None else f'{w:.0f}s'}" for size, w in waits.items())
             lines.append(
