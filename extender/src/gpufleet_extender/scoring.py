@@ -270,9 +270,10 @@ def _evaluate_shared(
 ) -> NodeVerdict | None:
     """A time-sliced resource in ``spread`` mode: judge the node by the devices the pod would share.
 
-    None when the sample does not say how many pods each device holds (the caller judges it the exclusive way).
+    None when the sample says nothing of pods on the node's devices (no pod mapping in dcgm-exporter): the caller
+    then judges it the exclusive way. A device without a pod label among ones with it holds no pod.
     """
-    if any(d.pods is None for d in devices):
+    if all(d.pods is None for d in devices):
         return None
     candidates = shared_candidates(devices, want.count, replicas, assumed)
     if not candidates:
