@@ -91,7 +91,8 @@ def _ratio_check(goal: str, value: float | None, reference: float | None, limit:
         return GoalCheck(goal, None, f"{what}: no figure (no pod of that kind placed)")
     if reference <= 0:
         passed = value <= 0
-        return GoalCheck(goal, passed, f"{what}: {value:g} against {reference:g}")
+        note = " (met vacuously: the reference has none to improve on)" if passed else ""
+        return GoalCheck(goal, passed, f"{what}: {value:g} against {reference:g}{note}")
     ratio = value / reference
     return GoalCheck(
         goal, ratio <= limit, f"{what}: {value:.3g} against {reference:.3g} (ratio {ratio:.2f}, limit {limit:g})"
