@@ -231,10 +231,10 @@ def plot_pools(
         for pool in shared_pools:
             x = pools.index(pool)
             axes[1].hlines(GOAL_SHARED_COV_RATIO * count.load_cov.get(pool, 0.0), x - 0.1, x + 0.9, ls="--", colors="k")
-    if count and "slowdown" in goal_text and gpu_pool and count.mean_slowdown.get(gpu_pool) is not None:
-        axes[2].axhline(
-            GOAL_SLOWDOWN_RATIO * count.mean_slowdown[gpu_pool], ls="--", c="k", lw=1, label=f"goal ({gpu_pool})"
-        )
+    if count and "slowdown" in goal_text and gpu_pool in pools and count.mean_slowdown.get(gpu_pool) is not None:
+        x = pools.index(gpu_pool)
+        limit = GOAL_SLOWDOWN_RATIO * count.mean_slowdown[gpu_pool]
+        axes[2].hlines(limit, x - 0.1, x + 0.9, ls="--", colors="k", lw=1, label=f"goal ({gpu_pool})")
     if spread and gpu_pool and "8-GPU" in goal_text:
         waits = spread.wait_p95_by_size.get(gpu_pool, {})
         for size, ratio in ((8, GOAL_TP8_WAIT_RATIO), (1, GOAL_TP1_WAIT_RATIO)):
