@@ -51,7 +51,7 @@ collection-link:
 # `make lab LAB_GOALS=enforce` fails on one. A failed play or bad simulator input always fails make lab.
 LAB_GOALS ?=
 lab: venv collection-link
-	@mkdir -p $(LAB_DIR)/sim $(LAB_DIR)/sim-quiet
+	@mkdir -p $(LAB_DIR)/sim $(LAB_DIR)/sim-quiet $(LAB_DIR)/sim-shared $(LAB_DIR)/sim-tp
 	@echo "make lab: playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab), one line per play"
 	@# The lab's GPUs are files: roll each pool in one batch (production rolls 25% of a pool at a time).
 	@ANSIBLE_STDOUT_CALLBACK=gpufleet.mig.phases \
@@ -64,6 +64,13 @@ lab: venv collection-link
 	@echo "Placement simulator: quiet-night trace, spread / pack / auto -> $(LAB_DIR)/sim-quiet/"
 	@gpufleet-extender simulate --inventory inventories/lab --scenario quiet-night --output $(LAB_DIR)/sim-quiet \
 	  --seed 1 --quiet > $(LAB_DIR)/sim-quiet/report.txt
+	@# ... where load differs: finnlp's 1g.10gb time-sliced x4, and tensor-parallel LLM pods with interference.
+	@echo "Placement simulator: finnlp 1g.10gb time-sliced x4, count / load -> $(LAB_DIR)/sim-shared/"
+	@gpufleet-extender simulate --inventory inventories/lab --share finnlp:1g.10gb=4 --device-choice distributed \
+	  --policies count,load --output $(LAB_DIR)/sim-shared --seed 1 --quiet > $(LAB_DIR)/sim-shared/report.txt
+	@echo "Placement simulator: tensor-parallel LLM mix with interference -> $(LAB_DIR)/sim-tp/"
+	@INTERFERENCE_WEIGHT=2 gpufleet-extender simulate --inventory inventories/lab --scenario tp-mix --interference 0.3 \
+	  --device-choice distributed --output $(LAB_DIR)/sim-tp --seed 1 --quiet > $(LAB_DIR)/sim-tp/report.txt
 	@python tools/lab_verdict.py $(LAB_DIR) $(if $(filter enforce,$(LAB_GOALS)),--enforce-goals)
 
 lab-reset:

@@ -26,6 +26,8 @@ RULE = "=" * WIDTH
 RUNS = {
     "sim": "mixed trace, count vs random-fit vs load",
     "sim-quiet": "quiet-night trace, spread vs pack vs auto",
+    "sim-shared": "finnlp's 1g.10gb time-sliced x4, count vs load",
+    "sim-tp": "tensor-parallel LLM mix with interference, count vs spread vs auto",
 }
 
 

@@ -79,3 +79,21 @@ def test_out_of_range_values_are_clamped_and_nan_dropped():
     ]
     devices = build_snapshot(samples, ("Hostname",), 0.0, 0.0, 1).nodes["n1"].devices["nvidia.com/gpu"]
     assert [(d.key, d.util) for d in devices] == [("0", 1.0)]
+
+
+def test_pods_per_device_come_from_the_exporters_pod_mapping():
+    # Time-slicing: dcgm-exporter repeats a device's series for each pod sharing it; Prometheus may rename the
+    # label to exported_pod (its own pod label names the exporter).
+    mig1 = {"gpu": "0", "GPU_I_ID": "7", "GPU_I_PROFILE": "1g.10gb", "Hostname": "n1"}
+    mig2 = {"gpu": "0", "GPU_I_ID": "8", "GPU_I_PROFILE": "1g.10gb", "Hostname": "n1"}
+    samples = [
+        Sample("DCGM_FI_PROF_GR_ENGINE_ACTIVE", {**mig1, "pod": "a", "namespace": "finnlp"}, 0.5),
+        Sample("DCGM_FI_PROF_GR_ENGINE_ACTIVE", {**mig1, "pod": "b", "namespace": "finnlp"}, 0.5),
+        Sample("DCGM_FI_DEV_FB_USED", {**mig1, "pod": "b", "namespace": "finnlp"}, 10.0),
+        Sample("DCGM_FI_PROF_GR_ENGINE_ACTIVE", {**mig2, "pod": "x", "exported_pod": "", "namespace": "ops"}, 0.0),
+    ]
+    devices = build_snapshot(samples, ("Hostname",), 0.0, 0.0, 1).nodes["n1"].devices["nvidia.com/mig-1g.10gb"]
+    assert [(d.key, d.pods) for d in devices] == [("0/7", 2), ("0/8", 0)]
+    plain = [Sample("DCGM_FI_PROF_GR_ENGINE_ACTIVE", mig1, 0.5)]
+    device = build_snapshot(plain, ("Hostname",), 0.0, 0.0, 1).nodes["n1"].devices["nvidia.com/mig-1g.10gb"][0]
+    assert device.pods is None

@@ -98,6 +98,19 @@ class Settings(BaseSettings):
     # AUTO_PACK_BELOW + AUTO_HYSTERESIS; in between it keeps its mode, so it does not flap at the boundary.
     AUTO_PACK_BELOW: Annotated[float, Field(gt=0.0, lt=1.0)] = _DEFAULT_POLICY.auto_pack_below
     AUTO_HYSTERESIS: Annotated[float, Field(ge=0.0, lt=1.0)] = _DEFAULT_POLICY.auto_hysteresis
+    # Time-sliced resources and their replicas per device, as the device plugin's sharing config says (JSON in
+    # the environment: {"nvidia.com/mig-1g.10gb": 4}); the gpu_extender role renders it from the pools' sharing.
+    SHARED_RESOURCES: dict[str, Annotated[int, Field(ge=1, le=64)]] = Field(default_factory=dict)
+    # spread: how much the load of a node's other devices lowers an exclusive resource's score (0 = off).
+    INTERFERENCE_WEIGHT: Annotated[float, Field(ge=0.0, le=10.0)] = _DEFAULT_POLICY.interference_weight
+
+    @field_validator("SHARED_RESOURCES")
+    @classmethod
+    def _gpu_resources(cls, value: dict[str, int]) -> dict[str, int]:
+        wrong = [name for name in value if name != "nvidia.com/gpu" and not name.startswith("nvidia.com/mig-")]
+        if wrong:
+            raise ValueError(f"names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got {', '.join(wrong)}")
+        return value
 
     @field_validator("NODE_NAME_LABELS", mode="before")
     @classmethod

@@ -15,7 +15,12 @@ place is made the same way everywhere. Public API:
   mean load, with hysteresis;
 - ``evaluate_node(name, metrics, request, policy, now, assumed)`` - the filter verdict and score of one
   node as a ``NodeVerdict``; ``evaluate_nodes`` maps it over many;
-- ``tenant_mismatch(node, node_tenant, namespace, namespace_tenant)`` - the tenant-pool rule.
+- ``tenant_mismatch(node, node_tenant, namespace, namespace_tenant)`` - the tenant-pool rule;
+- ``shared_candidates(devices, count, replicas, assumed)`` - for a time-sliced resource (``SHARED_RESOURCES``),
+  the devices the NVIDIA device plugin may hand the pod: those with the fewest pods once the in-flight pods took
+  theirs (its ``distributed`` allocation; it ignores load and breaks ties arbitrarily);
+- ``interference_load(metrics, picked, policy, assumed)`` - mean load of the node's devices the pod would not
+  hold, which ``spread`` subtracts from an exclusive resource's score times ``INTERFERENCE_WEIGHT``.
 
 A pod that asks for no GPU passes everywhere with ``NEUTRAL_SCORE``, so the extender never changes the
 placement of non-GPU pods.
@@ -77,6 +82,8 @@ class Policy:
     pack_target_util: float = 0.6  # PACK_TARGET_UTIL
     auto_pack_below: float = 0.4  # AUTO_PACK_BELOW
     auto_hysteresis: float = 0.1  # AUTO_HYSTERESIS: auto spreads only above AUTO_PACK_BELOW + this
+    shared_resources: tuple[tuple[str, int], ...] = ()  # SHARED_RESOURCES: (resource, time-slicing replicas)
+    interference_weight: float = 0.0  # INTERFERENCE_WEIGHT: 0 = spread ignores the node's other devices
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Policy:
@@ -91,7 +98,16 @@ class Policy:
             pack_target_util=settings.PACK_TARGET_UTIL,
             auto_pack_below=settings.AUTO_PACK_BELOW,
             auto_hysteresis=settings.AUTO_HYSTERESIS,
+            shared_resources=tuple(sorted(settings.SHARED_RESOURCES.items())),
+            interference_weight=settings.INTERFERENCE_WEIGHT,
         )
+
+    def replicas_of(self, resource: str) -> int:
+        """Time-slicing replicas of ``resource`` (1: exclusive devices)."""
+        for name, replicas in self.shared_resources:
+            if name == resource:
+                return replicas
+        return 1
 
     def mode_for(self, resource: str, modes: ModeMap | None) -> Mode:
         """The mode scoring ``resource``: the fixed strategy's, or auto's choice (spread until it has chosen)."""
@@ -212,9 +228,90 @@ def _ranked_mean_load(ranked: Sequence[DeviceMetrics], policy: Policy, assumed: 
     return (taken + sum(device_load(d, policy) for d in ranked[taken:])) / len(ranked)
 
 
+def shared_candidates(
+    devices: Sequence[DeviceMetrics], count: int, replicas: int, assumed: int = 0
+) -> list[DeviceMetrics]:
+    """The devices of a time-sliced resource that the device plugin may hand a pod asking for ``count`` replicas.
+
+    The NVIDIA device plugin's ``distributed`` allocation takes replicas of the device with the fewest pods,
+    knows nothing of load, and orders equal devices arbitrarily. So the pod gets devices from the lowest pod
+    counts, any of those tied at the last count it needs. The ``assumed`` pods bound since the sample took
+    their replicas first, by the same rule. Empty when fewer than ``count`` devices have a free replica.
+    Devices without a pod count (``pods`` None) count as holding none.
+    """
+    pods = [d.pods or 0 for d in devices]
+    for _ in range(assumed):  # in-flight pods: each on a device with the fewest pods (the first of equals)
+        open_slots = [i for i, n in enumerate(pods) if n < replicas]
+        if not open_slots:
+            break
+        pods[min(open_slots, key=lambda i: pods[i])] += 1
+    open_devices = sorted((pods[i], i) for i in range(len(devices)) if pods[i] < replicas)
+    if count <= 0 or len(open_devices) < count:
+        return []
+    cutoff = open_devices[count - 1][0]  # the most-used device the pod may still get
+    return [devices[i] for n, i in open_devices if n <= cutoff]
+
+
+def interference_load(
+    metrics: NodeMetrics, picked: Iterable[DeviceMetrics], policy: Policy, assumed: Mapping[str, int] | None = None
+) -> float:
+    """Mean load of the node's devices other than ``picked``, over every resource; the ``assumed`` in-flight pods'
+    devices (the least-loaded of their resource, as in ``pick_devices``) count as fully loaded. 0 with no others."""
+    picked_keys = {d.key for d in picked}
+    total, others = 0.0, 0
+    for resource, devices in metrics.devices.items():
+        taken = (assumed or {}).get(resource, 0)
+        for position, device in enumerate(_by_load(devices, policy)):
+            if device.key in picked_keys:
+                continue
+            total += 1.0 if position < taken else device_load(device, policy)
+            others += 1
+    return total / others if others else 0.0
+
+
+def _evaluate_shared(
+    node: str, devices: Sequence[DeviceMetrics], want: ResourceRequest, policy: Policy, assumed: int, replicas: int
+) -> NodeVerdict | None:
+    """A time-sliced resource in ``spread`` mode: judge the node by the devices the pod would share.
+
+    None when the sample says nothing of pods on the node's devices (no pod mapping in dcgm-exporter): the caller
+    then judges it the exclusive way. A device without a pod label among ones with it holds no pod.
+    """
+    if all(d.pods is None for d in devices):
+        return None
+    candidates = shared_candidates(devices, want.count, replicas, assumed)
+    if not candidates:
+        return NodeVerdict(
+            False, MIN_SCORE, Outcome.OVERLOADED, f"{node}: every {want.resource} replica taken ({replicas} per device)"
+        )
+    hot = [d for d in candidates if not below_thresholds(d, policy)]
+    if hot:  # the plugin may hand the pod any candidate, the hot one included
+        return NodeVerdict(
+            False,
+            MIN_SCORE,
+            Outcome.OVERLOADED,
+            f"{node}: the device plugin may share a busy {want.resource} {_device_word(want.resource)} "
+            f"({hot[0].key}: {_figures(hot[0], policy)}; {hot[0].pods} pod(s), {len(candidates)} equally used)",
+        )
+    mean = sum(device_load(d, policy) for d in candidates) / len(candidates)
+    score = max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * (1.0 - mean))))
+    return NodeVerdict(
+        True,
+        score,
+        Outcome.PASS,
+        f"{node}: spread: shared {want.resource} x{replicas}, {len(candidates)} "
+        f"device(s) it may get, mean load {mean:.2f}, score {score}",
+    )
+
+
 def _evaluate_resource(
     node: str, devices: Sequence[DeviceMetrics], want: ResourceRequest, policy: Policy, assumed: int, mode: Mode
 ) -> NodeVerdict:
+    replicas = policy.replicas_of(want.resource)
+    if replicas > 1 and mode is Mode.SPREAD:
+        shared = _evaluate_shared(node, devices, want, policy, assumed, replicas)
+        if shared is not None:
+            return shared
     ranked = _by_load(devices, policy)
     available = ranked[assumed:]
     if not any(below_thresholds(d, policy) for d in available):
@@ -269,12 +366,41 @@ def evaluate_node(
             part = _missing(node, f"no {want.resource} {_device_word(want.resource)} in the metrics", policy)
         else:
             taken = (assumed or {}).get(want.resource, 0)
-            part = _evaluate_resource(node, devices, want, policy, taken, policy.mode_for(want.resource, modes))
+            mode = policy.mode_for(want.resource, modes)
+            part = _evaluate_resource(node, devices, want, policy, taken, mode)
+            if part.passed and mode is Mode.SPREAD and policy.interference_weight > 0:
+                part = _with_interference(node, metrics, devices, want, policy, assumed, part)
         if not part.passed:
             return part
         if verdict is None or part.score < verdict.score:
             verdict = part
     return verdict
+
+
+def _with_interference(
+    node: str,
+    metrics: NodeMetrics,
+    devices: Sequence[DeviceMetrics],
+    want: ResourceRequest,
+    policy: Policy,
+    assumed: Mapping[str, int] | None,
+    verdict: NodeVerdict,
+) -> NodeVerdict:
+    """``spread`` on an exclusive resource, less ``INTERFERENCE_WEIGHT`` x the load of the node's other devices:
+    a pod next to busy GPUs shares the node's CPUs, PCIe switches, NICs and power with them."""
+    if policy.replicas_of(want.resource) > 1:
+        return verdict  # shared resources are judged by the devices they share
+    taken = (assumed or {}).get(want.resource, 0)
+    picked = pick_devices(devices, want.count, policy, taken)
+    others = interference_load(metrics, picked, policy, assumed)
+    mean = (sum(device_load(d, policy) for d in picked) + max(0, want.count - len(picked))) / want.count
+    raw = MAX_SCORE * (1.0 - mean - policy.interference_weight * others)
+    score = max(MIN_SCORE, min(MAX_SCORE, round(raw)))
+    reason = (
+        f"{verdict.reason}; other devices' load {others:.2f} x INTERFERENCE_WEIGHT {policy.interference_weight:g}"
+        f" -> score {score}"
+    )
+    return NodeVerdict(True, score, Outcome.PASS, reason)
 
 
 def evaluate_nodes(

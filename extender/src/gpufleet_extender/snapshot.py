@@ -40,6 +40,7 @@ class DeviceMetrics:
     key: str
     util: float
     mem: float | None
+    pods: int | None = None  # pods holding the device at the sample (time-slicing); None: the source does not say
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,20 @@ class _DeviceAccumulator:
     gr_active: float | None = None
     fb_used: float | None = None
     fb_free: float | None = None
+    pods: set[str] | None = None  # pods dcgm-exporter maps to the device; None: no series carried a pod label
+
+
+def _pod_of(labels: Mapping[str, str]) -> str | None:
+    """The pod a dcgm-exporter series is attributed to ("" for none); None when the series has no pod label.
+
+    Prometheus renames the exporter's ``pod`` to ``exported_pod`` when its own target label ``pod`` (the
+    exporter's pod) clashes, so that one wins.
+    """
+    for name, namespace in (("exported_pod", "exported_namespace"), ("pod", "namespace")):
+        if name in labels:
+            pod = labels[name]
+            return f"{labels.get(namespace, '')}/{pod}" if pod else ""
+    return None
 
 
 def _clamp01(value: float) -> float:
@@ -81,11 +96,11 @@ def _clamp01(value: float) -> float:
 
 # A NodeMetrics as plain tuples: (name, sample_time, ((resource, ((key, util, mem), ...)), ...)). Rows pickle
 # and compare at C speed, so a snapshot built in a worker process crosses over in small, cheap pieces.
-NodeRow = tuple[str, float, tuple[tuple[str, tuple[tuple[str, float, float | None], ...]], ...]]
+NodeRow = tuple[str, float, tuple[tuple[str, tuple[tuple[str, float, float | None, int | None], ...]], ...]]
 
 
 def node_row(metrics: NodeMetrics) -> NodeRow:
-    devices = tuple((res, tuple((d.key, d.util, d.mem) for d in devs)) for res, devs in metrics.devices.items())
+    devices = tuple((res, tuple((d.key, d.util, d.mem, d.pods) for d in devs)) for res, devs in metrics.devices.items())
     return metrics.name, metrics.sample_time, devices
 
 
@@ -150,6 +165,12 @@ def build_snapshot(
         acc = devices.get((node, gpu, instance))
         if acc is None:
             acc = devices[(node, gpu, instance)] = _DeviceAccumulator(gpu, profile)
+        pod = _pod_of(sample.labels)
+        if pod is not None:  # time-slicing: one series per pod sharing the device (dcgm-exporter's pod mapping)
+            if acc.pods is None:
+                acc.pods = set()
+            if pod:
+                acc.pods.add(pod)
         if sample.name == GPU_UTIL:
             acc.util_percent = sample.value
         elif sample.name == GR_ENGINE_ACTIVE:
@@ -177,7 +198,8 @@ def build_snapshot(
         mem = None
         if acc.fb_used is not None and acc.fb_free is not None and acc.fb_used + acc.fb_free > 0:
             mem = _clamp01(acc.fb_used / (acc.fb_used + acc.fb_free))
-        per_node.setdefault(node, {}).setdefault(resource, []).append(DeviceMetrics(key, _clamp01(util), mem))
+        pods = len(acc.pods) if acc.pods is not None else None
+        per_node.setdefault(node, {}).setdefault(resource, []).append(DeviceMetrics(key, _clamp01(util), mem, pods))
 
     times = dict(sample_times)
     if node_sample_times:

@@ -10,6 +10,7 @@ goal failed; 2 bad input (fleet, trace, settings), with the reason on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -27,11 +28,26 @@ from gpufleet_extender.simulate.capacity import (
     strategy_goal_checks,
     summarise_capacity,
 )
-from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, Fleet, FleetError, fleet_from_inventory, fleet_from_yaml
-from gpufleet_extender.simulate.generator import SCENARIOS, generate_trace
+from gpufleet_extender.simulate.fleet import (
+    DEFAULT_INVENTORY,
+    Fleet,
+    FleetError,
+    fleet_from_inventory,
+    fleet_from_yaml,
+    parse_sharing,
+)
+from gpufleet_extender.simulate.generator import SCENARIO_WORKLOADS, SCENARIOS, generate_trace
 from gpufleet_extender.simulate.metrics import PolicySummary, goal_checks, summarise
 from gpufleet_extender.simulate.model import DeviceChoice, ModelSettings, RunResult, SimulationError, simulate
 from gpufleet_extender.simulate.policies import EXTENDER_POLICIES, POLICIES, STRATEGY_POLICIES, make_policy
+from gpufleet_extender.simulate.pools import (
+    TP_SCENARIO,
+    format_pools,
+    plot_pools,
+    pool_figures,
+    pool_goal_checks,
+    whole_gpu_pools,
+)
 from gpufleet_extender.simulate.report import LEGEND, format_goals, format_table, plot_node_load, write_json
 from gpufleet_extender.simulate.trace import Trace, TraceError, load_trace, write_trace
 from gpufleet_extender.simulate.verdict import findings
@@ -52,6 +68,22 @@ def _policies(text: str) -> list[str]:
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown policy {unknown or text!r} (known: {', '.join(POLICIES)})")
     return names
+
+
+def _share(text: str) -> tuple[str, str, int]:
+    """``TENANT:RESOURCE=N`` (``finnlp:1g.10gb=4``): time-slice RESOURCE x N in TENANT's pool."""
+    pool, _, rest = text.partition(":")
+    resource, _, replicas = rest.partition("=")
+    if not (pool and resource and replicas.isdigit() and int(replicas) >= 1):
+        raise argparse.ArgumentTypeError(f"expected TENANT:RESOURCE=N, e.g. finnlp:1g.10gb=4, got {text!r}")
+    return pool, resource, int(replicas)
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,11 +122,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pods sharing one device (time-slicing replicas); default: the fleet's, 1 (exclusive) for inventories",
     )
     parser.add_argument(
+        "--share",
+        type=_share,
+        action="append",
+        default=[],
+        metavar="TENANT:RESOURCE=N",
+        help="time-slice a pool's resource N ways (repeatable; adds to the inventory's per-pool sharing)",
+    )
+    parser.add_argument(
+        "--interference",
+        type=_non_negative,
+        default=0.0,
+        metavar="ALPHA",
+        help="slowdown model: a pod runs at 1/(1 + ALPHA x load of its node's other devices) (default: 0, off)",
+    )
+    parser.add_argument(
         "--device-choice",
         type=DeviceChoice,
         choices=list(DeviceChoice),
         default=DeviceChoice.PLUGIN,
-        help="devices a pod gets on its node: the device plugin's rule, or the least-loaded (default: %(default)s)",
+        help="devices a pod gets on its node: the device plugin's rule with ties by index (plugin) or arbitrary as "
+        "upstream (distributed), or the least-loaded (default: %(default)s)",
     )
     parser.add_argument(
         "--output", type=Path, default=Path("build/sim"), help="directory for results.json and the plot"
@@ -136,18 +184,36 @@ def _load_inputs(args: argparse.Namespace) -> tuple[Fleet, Trace, Policy, ModelS
     fleet = fleet_from_yaml(args.fleet) if args.fleet else fleet_from_inventory(args.inventory)
     if args.replicas is not None:
         fleet = fleet.with_replicas(args.replicas)
+    if args.share:
+        sharing = {}
+        for tenant, resource, replicas in args.share:
+            sharing.update(parse_sharing(tenant, {resource: replicas}, "--share"))
+        fleet = fleet.with_sharing(sharing)
     hours = args.hours
     trace = (
         load_trace(args.trace)
         if args.trace
-        else generate_trace(fleet, args.seed, hours * 3600, SCENARIOS[args.scenario], args.scenario)
+        else generate_trace(
+            fleet,
+            args.seed,
+            hours * 3600,
+            SCENARIOS[args.scenario],
+            args.scenario,
+            SCENARIO_WORKLOADS.get(args.scenario),
+        )
     )
     model = ModelSettings(
         scrape_interval=args.scrape_interval,
         device_choice=args.device_choice,
         inflight_max_seconds=settings.INFLIGHT_MAX_SECONDS,
+        interference=args.interference,
+        seed=args.seed,
     )
-    return fleet, trace, Policy.from_settings(settings), model
+    policy = Policy.from_settings(settings)
+    if not policy.shared_resources and fleet.shared_resources():
+        # As deployed: the gpu_extender role renders the pools' sharing into SHARED_RESOURCES.
+        policy = dataclasses.replace(policy, shared_resources=tuple(fleet.shared_resources().items()))
+    return fleet, trace, policy, model
 
 
 def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) -> dict[str, Any]:
@@ -162,11 +228,13 @@ def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) 
             "tenants": {t: sum(1 for n in fleet.nodes if n.tenant == t) for t in fleet.tenants()},
             "devices": dict(sorted(devices.items())),
             "replicas": fleet.replicas,
+            "sharing": {f"{tenant}:{resource}": n for (tenant, resource), n in sorted(fleet.sharing.items())},
         },
         "trace": {"source": trace.source, "pods": len(trace.pods), "last_arrival_s": trace.pods[-1].arrival},
         "model": {
             "scrape_interval_s": model.scrape_interval,
             "device_choice": model.device_choice.value,
+            "interference_alpha": model.interference,
             "inflight_max_s": model.inflight_max_seconds,
             "drain_s": model.drain_seconds,
         },
@@ -179,6 +247,8 @@ def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) 
             "pack_target_util": policy.pack_target_util,
             "auto_pack_below": policy.auto_pack_below,
             "auto_hysteresis": policy.auto_hysteresis,
+            "shared_resources": dict(policy.shared_resources),
+            "interference_weight": policy.interference_weight,
         },
     }
 
@@ -188,6 +258,8 @@ def _default_policies(args: argparse.Namespace) -> list[str]:
         return args.policies
     if not args.trace and args.scenario in ("quiet-night", "peak-hour"):
         return list(STRATEGY_POLICIES)
+    if not args.trace and args.scenario == TP_SCENARIO:
+        return ["count", "spread", "auto"]
     return list(EXTENDER_POLICIES)
 
 
@@ -218,6 +290,9 @@ def run(args: argparse.Namespace) -> int:
     # Each set of goals is shown when its policies ran (both when neither did).
     checks = goal_checks(summaries, fleet.replicas) if "load" in names or not strategies_ran else []
     strategy_checks = strategy_goal_checks(summaries, capacities, scenario) if strategies_ran else []
+    figures = {r.policy: pool_figures(r) for r in results}
+    shared_pools = sorted({str(tenant) for (tenant, _), n in fleet.sharing.items() if n > 1 and tenant})
+    pool_checks = pool_goal_checks(figures, shared_pools, whole_gpu_pools(results), scenario, model.interference)
     description = _describe(fleet, trace, policy, model)
     fleet_line = ", ".join(f"{t} {n} nodes" for t, n in description["fleet"]["tenants"].items())
     print(f"Fleet: {fleet.source} ({fleet_line}; {fleet.replicas} pod(s) per device)")
@@ -231,7 +306,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nGoals of the load-aware extender (judged on the mixed trace):\n{format_goals(checks)}")
     if strategy_checks:
         print(f"\nGoals of the scoring strategies (judged on quiet-night, peak-hour):\n{format_goals(strategy_checks)}")
-    if fleet.replicas == 1:
+    print(f"\nPer pool:\n{format_pools(list(figures.values()))}")
+    if pool_checks:
+        print(f"\nGoals for shared devices, tensor-parallel pods and interference:\n{format_goals(pool_checks)}")
+    if not fleet.shared_resources():
         print(
             "\nDevices are exclusive (no time-slicing, as the collection deploys): every device with room is idle, so"
             "\nspread scores all fitting nodes alike. pack and auto still choose the node (by its devices' load), which"
@@ -244,7 +322,8 @@ def run(args: argparse.Namespace) -> int:
         **description,
         "policies": {name: s.to_json() for name, s in summaries.items()},
         "capacity": {name: c.to_json() for name, c in capacities.items()},
-        "goals": [c.to_json() for c in (*checks, *strategy_checks)],
+        "goals": [c.to_json() for c in (*checks, *strategy_checks, *pool_checks)],
+        "pools": {name: f.to_json() for name, f in figures.items()},
     }
     if not args.no_plot:
         plot = args.output / "node_load.png"
@@ -254,7 +333,10 @@ def run(args: argparse.Namespace) -> int:
             plot_capacity(capacity_plot, results, trace.pods[-1].arrival)
             document["plot"] = plot.name
             document["capacity_plot"] = capacity_plot.name
-            print(f"\nPlots: {plot}, {capacity_plot}")
+            pools_plot = args.output / "pools.png"
+            plot_pools(pools_plot, list(figures.values()), pool_checks, shared_pools)
+            document["pools_plot"] = pools_plot.name
+            print(f"\nPlots: {plot}, {capacity_plot}, {pools_plot}")
         except ImportError:
             print("\nPlot skipped: matplotlib is not installed (pip install 'gpufleet-extender[sim]')", file=sys.stderr)
     said = findings(document)
@@ -262,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
         print("\nVerdict: " + "\n         ".join(said))
     write_json(args.output / "results.json", document)
     print(f"Results: {args.output / 'results.json'}")
-    if args.check and any(c.passed is False for c in (*checks, *strategy_checks)):
+    if args.check and any(c.passed is False for c in (*checks, *strategy_checks, *pool_checks)):
         return 1
     return 0
 

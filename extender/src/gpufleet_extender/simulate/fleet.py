@@ -31,6 +31,7 @@ import yaml
 from gpufleet_extender.mig_utils.exceptions import MigError
 from gpufleet_extender.mig_utils.layout import memory_gb, node_layout
 from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
+from gpufleet_extender.simulate.trace import TraceError, normalise_resource
 
 DEFAULT_INVENTORY = Path("inventories/hongkong")
 DEFAULT_GPU_MEMORY_GB = 80.0  # H100 SXM 80GB, the fleet's card
@@ -66,6 +67,28 @@ class Fleet:
     namespace_tenants: Mapping[str, str] = field(default_factory=dict)  # namespace -> tenant
     replicas: int = 1  # pods that may share one device (time-slicing); 1 = exclusive
     source: str = ""
+    # Per-pool time-slicing: (tenant, resource) -> replicas; overrides ``replicas`` for that pool's resource.
+    sharing: Mapping[tuple[str | None, str], int] = field(default_factory=dict)
+
+    def replicas_for(self, tenant: str | None, resource: str) -> int:
+        """Pods that may share one device of ``resource`` in ``tenant``'s pool."""
+        return self.sharing.get((tenant, resource), self.replicas)
+
+    def shared_resources(self) -> dict[str, int]:
+        """Resource -> replicas for every resource some pool time-slices (what the extender's SHARED_RESOURCES
+        says); a resource shared with different counts in different pools keeps the largest."""
+        shared: dict[str, int] = {}
+        for (_, resource), replicas in self.sharing.items():
+            if replicas > 1:
+                shared[resource] = max(replicas, shared.get(resource, 1))
+        if self.replicas > 1:
+            for node in self.nodes:
+                for device in node.devices:
+                    shared.setdefault(device.resource, self.replicas)
+        return dict(sorted(shared.items()))
+
+    def with_sharing(self, sharing: Mapping[tuple[str | None, str], int]) -> Fleet:
+        return Fleet(self.nodes, self.namespace_tenants, self.replicas, self.source, {**self.sharing, **sharing})
 
     def tenants(self) -> list[str]:
         return sorted({n.tenant for n in self.nodes if n.tenant})
@@ -83,7 +106,24 @@ class Fleet:
     def with_replicas(self, replicas: int) -> Fleet:
         if replicas < 1:
             raise FleetError(f"replicas must be at least 1, got {replicas}")
-        return Fleet(self.nodes, self.namespace_tenants, replicas, self.source)
+        return Fleet(self.nodes, self.namespace_tenants, replicas, self.source, self.sharing)
+
+
+def parse_sharing(tenant: str | None, value: Any, where: str) -> dict[tuple[str | None, str], int]:
+    """A pool's ``sharing`` ({resource: replicas}, short names allowed) as (tenant, resource) -> replicas."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise FleetError(f"{where}: sharing must map resource -> replicas, got {value!r}")
+    sharing = {}
+    for resource, replicas in value.items():
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise FleetError(f"{where}: sharing of {resource} must be a whole number >= 1, got {replicas!r}")
+        try:
+            sharing[(tenant, normalise_resource(str(resource)))] = replicas
+        except TraceError as exc:
+            raise FleetError(f"{where}: {exc}") from None
+    return sharing
 
 
 def profile_memory_gb(profile: str) -> float:
@@ -138,11 +178,13 @@ def fleet_from_inventory_data(data: Mapping[str, Any], source: str = "") -> Flee
     hostvars: Mapping[str, Mapping[str, Any]] = (data.get("_meta") or {}).get("hostvars") or {}
     nodes = []
     namespace_tenants: dict[str, str] = {}
+    sharing: dict[tuple[str | None, str], int] = {}
     for host in sorted(hostvars):
         hv = hostvars[host]
         for tenant, spec in (hv.get("gpufleet_tenants") or {}).items():
             for namespace in (spec or {}).get("namespaces") or []:
                 namespace_tenants[str(namespace)] = str(tenant)
+            sharing.update(parse_sharing(str(tenant), (spec or {}).get("sharing"), f"gpufleet_tenants.{tenant}"))
         if "mig_partition_config" not in hv:
             continue  # not a GPU node (control plane)
         gpu_count = _gpu_count(hv.get("gpufleet_gpus_per_node", 8), host)
@@ -150,7 +192,7 @@ def fleet_from_inventory_data(data: Mapping[str, Any], source: str = "") -> Flee
         nodes.append(Node(str(hv.get("gpufleet_node_name") or host), hv.get("gpufleet_tenant"), devices))
     if not nodes:
         raise FleetError(f"{source or 'inventory'}: no host has a mig_partition_config (no GPU nodes to simulate)")
-    return Fleet(tuple(nodes), namespace_tenants, source=source)
+    return Fleet(tuple(nodes), namespace_tenants, source=source, sharing=sharing)
 
 
 def ansible_inventory_command() -> str:
@@ -220,4 +262,11 @@ def fleet_from_yaml(path: str | Path) -> Fleet:
     replicas = document.get("replicas", 1)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise FleetError(f"fleet file {file_path}: replicas must be a whole number >= 1, got {replicas!r}")
-    return Fleet(tuple(nodes), {str(k): str(v) for k, v in namespaces.items()}, replicas, str(file_path))
+    sharing_doc = document.get("sharing") or {}
+    if not isinstance(sharing_doc, Mapping):
+        raise FleetError(f"fleet file {file_path}: sharing must map tenant -> {{resource: replicas}}")
+    sharing: dict[tuple[str | None, str], int] = {}
+    for tenant, per_resource in sharing_doc.items():
+        sharing.update(parse_sharing(str(tenant), per_resource, f"fleet file {file_path}: sharing.{tenant}"))
+    namespace_map = {str(k): str(v) for k, v in namespaces.items()}
+    return Fleet(tuple(nodes), namespace_map, replicas, str(file_path), sharing)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
@@ -82,6 +82,23 @@ def _small(rng: random.Random, memory_gb: float, max_count: int) -> tuple[int, f
 
 
 LLM = WorkloadClass("llm", 4 * 0.7 + 8 * 0.3, 75 * 60, 0.81, None, _llm)
+
+# The tp-mix trace's LLM pool: tensor-parallel degree 1, 2, 4 or 8, by share of pods (docs/simulator.md).
+TP_MIX = ((1, 0.40), (2, 0.25), (4, 0.20), (8, 0.15))
+
+
+def _llm_tp_mix(rng: random.Random, memory_gb: float, max_count: int) -> tuple[int, float, Schedule, Schedule]:
+    draw, count = rng.random(), TP_MIX[-1][0]
+    for degree, share in TP_MIX:
+        if draw < share:
+            count = degree
+            break
+        draw -= share
+    _, duration, util, mem = _llm(rng, memory_gb, max_count)  # same life, load and memory as the LLM pods
+    return min(count, max_count), duration, util, mem
+
+
+LLM_TP_MIX = WorkloadClass("llm-tp", sum(d * s for d, s in TP_MIX), 75 * 60, 0.81, None, _llm_tp_mix)
 IMAGE_BURST = WorkloadClass("image-burst", 1, 15 * 60, 0.53, (4, 12), _burst)
 SMALL = WorkloadClass("small", 1, 330, 0.45, None, _small)
 
@@ -127,16 +144,17 @@ class _Stream:
         return in_flight / (self.work.mean_count * self.work.mean_duration * burst)
 
 
-def _streams(fleet: Fleet) -> list[_Stream]:
+def _streams(fleet: Fleet, workloads: Mapping[str, WorkloadClass] | None = None) -> list[_Stream]:
     streams = []
     for tenant in fleet.tenants():
         namespaces = fleet.namespaces_of(tenant)
         pool = [n for n in fleet.nodes if n.tenant == tenant]
         for resource in fleet.resources_of(tenant):
-            work = workload_for(resource)
+            work = (workloads or {}).get(resource) or workload_for(resource)
             # Exclusive devices hold one pod each; shared ones hold as many as keep the expected utilisation on
             # the curve, never more than their slots.
-            per_device = min(float(fleet.replicas), 1.0 / work.mean_util) if fleet.replicas > 1 else 1.0
+            replicas = fleet.replicas_for(tenant, resource)
+            per_device = min(float(replicas), 1.0 / work.mean_util) if replicas > 1 else 1.0
             streams.append(
                 _Stream(
                     tenant=tenant,
@@ -154,11 +172,17 @@ def _streams(fleet: Fleet) -> list[_Stream]:
 
 
 def generate_trace(
-    fleet: Fleet, seed: int, duration: float = 4 * 3600, curve: LoadCurve = LoadCurve(), scenario: str = "mixed"
+    fleet: Fleet,
+    seed: int,
+    duration: float = 4 * 3600,
+    curve: LoadCurve = LoadCurve(),
+    scenario: str = "mixed",
+    workloads: Mapping[str, WorkloadClass] | None = None,
 ) -> Trace:
     """A mixed trace for every tenant pool of ``fleet``; the same arguments always give the same trace.
 
-    ``scenario`` only names the trace in its source line; ``curve`` decides how busy it is.
+    ``scenario`` only names the trace in its source line; ``curve`` decides how busy it is; ``workloads`` replaces
+    the workload of some resources (``SCENARIO_WORKLOADS``).
     """
     rng = random.Random(f"gpufleet-sim/{seed}")
     pods: list[PodSpec] = []
@@ -173,7 +197,7 @@ def generate_trace(
             )
         )
 
-    for stream in _streams(fleet):
+    for stream in _streams(fleet, workloads):
         # Warm start: the pods already running when the trace begins arrive in its first minute with what is left
         # of their life, so the fleet starts at the curve's base load instead of empty.
         running_at_start = curve.at(0.0) * stream.devices * stream.pods_per_device / stream.work.mean_count
@@ -194,4 +218,8 @@ SCENARIOS: dict[str, LoadCurve] = {
     "quiet-night": LoadCurve(base=0.25, peak=0.10),
     # The busiest hours: 70 % in use, rising to 92 % in the middle, where pods start to wait.
     "peak-hour": LoadCurve(base=0.70, peak=0.92),
+    # The mixed curve with tensor-parallel degrees 1, 2, 4 and 8 in the LLM pool (fragmentation).
+    "tp-mix": LoadCurve(),
 }
+# Scenarios whose workload differs from ``workload_for``'s for some resources.
+SCENARIO_WORKLOADS: dict[str, dict[str, WorkloadClass]] = {"tp-mix": {WHOLE_GPU_RESOURCE: LLM_TP_MIX}}

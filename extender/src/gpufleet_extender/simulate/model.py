@@ -15,18 +15,26 @@ knows nothing of load. ``plugin`` (default) models NVIDIA's device plugin: the d
 then in device order (its distributed allocation for time-sliced replicas; for exclusive devices, the first
 free ones). ``least-loaded`` gives the least-loaded free devices instead, which is what the extender's score
 assumes (``scoring.pick_devices``); comparing the two shows what a load-aware device choice would add.
+``distributed`` is the upstream plugin's rule as it is: the fewest pods first, equal devices in no fixed order
+(drawn with a seeded generator); unreplicated whole GPUs, which it aligns by topology instead, first free.
+
+Interference (``ModelSettings.interference``, alpha above 0): a pod runs at ``1 / (1 + alpha x L)`` of its
+nominal speed, ``L`` being the memory-weighted load of its node's other devices, re-read at every scrape; its
+end moves accordingly and its slowdown (run time over nominal duration) is recorded when it ends.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any
 
+from gpufleet_extender.pods import WHOLE_GPU_RESOURCE
 from gpufleet_extender.scoring import Policy, below_thresholds, tenant_mismatch
 from gpufleet_extender.simulate.fleet import Fleet
 from gpufleet_extender.simulate.policies import PlacementPolicy, SchedulerView
@@ -37,6 +45,7 @@ from gpufleet_extender.simulate.trace import PodSpec, Trace
 class DeviceChoice(StrEnum):
     PLUGIN = "plugin"
     LEAST_LOADED = "least-loaded"
+    DISTRIBUTED = "distributed"
 
 
 class SimulationError(ValueError):
@@ -49,6 +58,8 @@ class ModelSettings:
     device_choice: DeviceChoice = DeviceChoice.PLUGIN
     inflight_max_seconds: float = 120.0  # the extender's INFLIGHT_MAX_SECONDS
     drain_seconds: float = 3600.0
+    interference: float = 0.0  # alpha of the slowdown model; 0 = pods run at nominal speed
+    seed: int = 1  # of the distributed device choice's tie-break
 
 
 class _Event(IntEnum):  # the order of events at the same moment
@@ -70,6 +81,9 @@ class PodOutcome:
     # Hot, though the last sample showed the node with enough cool devices with room: the node was a sound choice
     # by what the extender could know; the device plugin's choice, or a burst since the sample, made it hot.
     hot_on_cool_node: bool = False
+    resource: str = ""
+    count: int = 1
+    slowdown: float | None = None  # run time / nominal duration, once the pod ended (interference model)
 
     @property
     def wait(self) -> float | None:
@@ -99,10 +113,18 @@ class Probe:
         raise NotImplementedError
 
 
-def choose_devices(node: NodeState, pod: PodSpec, now: float, how: DeviceChoice) -> list[DeviceState]:
+def choose_devices(
+    node: NodeState, pod: PodSpec, now: float, how: DeviceChoice, rng: random.Random | None = None
+) -> list[DeviceState]:
     free = node.free_devices(pod.resource)
     if how is DeviceChoice.LEAST_LOADED:
         free.sort(key=lambda d: (d.load(now), len(d.pods), d.position))
+    elif how is DeviceChoice.DISTRIBUTED and not (
+        pod.resource == WHOLE_GPU_RESOURCE and node.replicas_of.get(pod.resource, 1) == 1
+    ):
+        draw = rng or random.Random(0)
+        ties = {id(d): draw.random() for d in free}
+        free.sort(key=lambda d: (len(d.pods), ties[id(d)]))
     else:
         free.sort(key=lambda d: (len(d.pods), d.position))
     return free[: pod.count]
@@ -144,6 +166,7 @@ class Simulation:
         self._events: list[Any] = []
         self._order = itertools.count()
         self._waiting: list[tuple[PodSpec, PodOutcome]] = []
+        self._device_rng = random.Random(f"devices/{settings.seed}")
         nodes = list(self.cluster.nodes.values())
         self.result = RunResult(policy.name, [n.name for n in nodes], [n.tenant for n in nodes])
         self.result.probes = {p.name: [] for p in probes}
@@ -219,9 +242,15 @@ class Simulation:
             if now > horizon:
                 break
             if kind is _Event.END:
+                if payload.number not in self.cluster.running or payload.end != now:
+                    continue  # the pod's end moved (interference) and another event stands for it
                 self.cluster.finish(payload)
+                if payload.outcome is not None and payload.spec.duration > 0:
+                    payload.outcome.slowdown = (now - payload.start) / payload.spec.duration
                 self._retry_waiting(now)
             elif kind is _Event.SCRAPE:
+                if self.settings.interference > 0:
+                    self._retime(now)
                 self.cluster.scrape(now)
                 self._recent.clear()  # the snapshot now shows every pod bound so far
                 self._sample(now)
@@ -262,13 +291,19 @@ class Simulation:
             outcome.held = True
             return False
         node = self.cluster.nodes[decision.node]
-        devices = choose_devices(node, pod, now, self.settings.device_choice)
+        devices = choose_devices(node, pod, now, self.settings.device_choice, self._device_rng)
         outcome.hot = is_hot_placement(pod, devices, pool, now)
         outcome.hot_on_cool_node = outcome.hot and self._sampled_cool_with_room(node, pod)
         running = self.cluster.bind(pod, node, devices, now)
+        running.outcome = outcome
+        if self.settings.interference > 0:
+            running.rated_at = now
+            running.rate = self._rate(node, running, now)
+            running.end = now + pod.duration / running.rate
         self._recent.append(running)
         self._push(running.end, _Event.END, running)
         outcome.start, outcome.node = now, node.name
+        outcome.resource, outcome.count = pod.resource, pod.count
         outcome.devices = tuple(d.device.key for d in devices)
         return True
 
@@ -287,6 +322,23 @@ class Simulation:
             if d.device.key in sampled and below_thresholds(sampled[d.device.key], self.extender_policy)
         ]
         return len(cool) >= pod.count
+
+    def _rate(self, node: NodeState, pod: Running, now: float) -> float:
+        """Nominal seconds per second: ``1 / (1 + alpha x load of the node's other devices)``."""
+        return 1.0 / (1.0 + self.settings.interference * node.others_load(now, pod.devices))
+
+    def _retime(self, now: float) -> None:
+        """Interference: every running pod's speed follows its neighbours' load; a changed speed moves its end."""
+        for pod in list(self.cluster.running.values()):
+            pod.done += (now - pod.rated_at) * pod.rate
+            pod.rated_at = now
+            rate = self._rate(self.cluster.nodes[pod.node], pod, now)
+            if rate != pod.rate:
+                pod.rate = rate
+                end = now + max(0.0, pod.spec.duration - pod.done) / rate
+                if end != pod.end:
+                    pod.end = end
+                    self._push(end, _Event.END, pod)
 
     def _retry_waiting(self, now: float) -> None:
         if not self._waiting:

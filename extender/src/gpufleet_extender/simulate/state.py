@@ -8,7 +8,7 @@ snapshot taken at the last scrape, built with the extender's own ``snapshot`` ty
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -28,6 +28,12 @@ class Running:
     start: float
     end: float
     number: int = 0  # order of binding, set by SimCluster.bind
+    # Interference (ModelSettings.interference above 0): the pod runs at ``rate`` nominal seconds per second since
+    # ``rated_at``, with ``done`` nominal seconds of its duration behind it; ``end`` moves when the rate does.
+    rate: float = 1.0
+    rated_at: float = 0.0
+    done: float = 0.0
+    outcome: object = None  # the model's PodOutcome, to record the slowdown when the pod ends
 
 
 class DeviceState:
@@ -72,7 +78,9 @@ class DeviceState:
             util += pod_util
             mem_gb += pod_mem
             until = min(until, pod.start + util_next, pod.start + mem_next)
-        self._metrics = DeviceMetrics(self.device.key, min(1.0, util), min(1.0, mem_gb / self.device.memory_gb))
+        self._metrics = DeviceMetrics(
+            self.device.key, min(1.0, util), min(1.0, mem_gb / self.device.memory_gb), pods=len(self.pods)
+        )
         self._load = device_load(self._metrics, self.policy)
         self._hot = not below_thresholds(self._metrics, self.policy)
         self._valid_from, self._valid_until = now, until
@@ -105,22 +113,26 @@ class DeviceState:
 
 
 class NodeState:
-    def __init__(self, node: Node, replicas: int, policy: Policy):
+    def __init__(self, node: Node, replicas: int | Mapping[str, int], policy: Policy):
         self.node = node
         self.name = node.name
         self.tenant = node.tenant
-        self.replicas = replicas
         self.devices = [DeviceState(node.name, i, d, policy) for i, d in enumerate(node.devices)]
         self.by_resource: dict[str, list[DeviceState]] = {}
         for state in self.devices:
             self.by_resource.setdefault(state.device.resource, []).append(state)
+        # Pods per device of each resource (time-slicing replicas; 1 = exclusive).
+        self.replicas_of: dict[str, int] = {
+            res: replicas if isinstance(replicas, int) else replicas.get(res, 1) for res in self.by_resource
+        }
         self._free = {res: len(devs) for res, devs in self.by_resource.items()}  # devices with a free slot
         self._used = dict.fromkeys(self.by_resource, 0)  # slots in use
         self.total_memory_gb = sum(d.memory_gb for d in node.devices) or 1.0
 
     def free_devices(self, resource: str) -> list[DeviceState]:
         """Devices of ``resource`` with a free slot, in device order."""
-        return [d for d in self.by_resource.get(resource, ()) if len(d.pods) < self.replicas]
+        replicas = self.replicas_of.get(resource, 1)
+        return [d for d in self.by_resource.get(resource, ()) if len(d.pods) < replicas]
 
     def fits(self, pod: PodSpec) -> bool:
         """Enough distinct devices with a free slot (the count check kube-scheduler's NodeResourcesFit makes)."""
@@ -128,17 +140,17 @@ class NodeState:
 
     def allocated_share_after(self, pod: PodSpec) -> float:
         """Share of the node's ``pod.resource`` slots in use once ``pod`` is bound (LeastAllocated's measure)."""
-        capacity = len(self.by_resource.get(pod.resource, ())) * self.replicas
+        capacity = len(self.by_resource.get(pod.resource, ())) * self.replicas_of.get(pod.resource, 1)
         return (self._used.get(pod.resource, 0) + pod.count) / capacity if capacity else 1.0
 
     def attach(self, device: DeviceState, pod: Running) -> None:
         device.attach(pod)
         self._used[device.device.resource] += 1
-        if len(device.pods) == self.replicas:
+        if len(device.pods) == self.replicas_of[device.device.resource]:
             self._free[device.device.resource] -= 1
 
     def detach(self, device: DeviceState, pod: Running) -> None:
-        if len(device.pods) == self.replicas:
+        if len(device.pods) == self.replicas_of[device.device.resource]:
             self._free[device.device.resource] += 1
         device.detach(pod)
         self._used[device.device.resource] -= 1
@@ -146,6 +158,16 @@ class NodeState:
     def load(self, now: float) -> float:
         """Device load averaged over the node, each device weighted by its memory (a 3g.40gb counts 4 x 1g.10gb)."""
         return sum(d.load(now) * d.device.memory_gb for d in self.devices) / self.total_memory_gb
+
+    def others_load(self, now: float, held: Iterable[DeviceState]) -> float:
+        """Memory-weighted mean load of the node's devices not in ``held`` (what interferes with their pod)."""
+        held_ids = {id(d) for d in held}
+        total = weight = 0.0
+        for device in self.devices:
+            if id(device) not in held_ids:
+                total += device.load(now) * device.device.memory_gb
+                weight += device.device.memory_gb
+        return total / weight if weight else 0.0
 
     def metrics(self, now: float) -> NodeMetrics:
         return NodeMetrics(
@@ -163,7 +185,10 @@ class SimCluster:
     def __init__(self, fleet: Fleet, policy: Policy):
         self.fleet = fleet
         self.policy = policy
-        self.nodes = {n.name: NodeState(n, fleet.replicas, policy) for n in fleet.nodes}
+        self.nodes = {
+            n.name: NodeState(n, {d.resource: fleet.replicas_for(n.tenant, d.resource) for d in n.devices}, policy)
+            for n in fleet.nodes
+        }
         self.running: dict[int, Running] = {}  # binding number -> pod (dict: ordered, cheap removal)
         self._bindings = 0
         self.snapshot = MetricsSnapshot()  # nothing scraped yet

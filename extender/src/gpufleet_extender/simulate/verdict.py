@@ -14,6 +14,7 @@ DOCS = "docs/simulator.md"
 # Sections of docs/simulator.md (GitHub's anchors); the docs test checks that each exists.
 GOALS_SECTION = "goals-and-what-the-model-says-about-them"
 STRATEGIES_SECTION = "scoring-strategies-spread-pack-and-auto"
+SHARED_SECTION = "shared-devices-interference-and-tensor-parallel-pods"
 
 # Why each goal can be missed, as the model shows it (docs/simulator.md says it at length), and where.
 _WHY_NOT_MET: dict[str, tuple[str, str]] = {
@@ -37,6 +38,23 @@ _WHY_NOT_MET: dict[str, tuple[str, str]] = {
         STRATEGIES_SECTION,
     ),
     "auto-cov": ("auto keeps packing while mean device load sits inside its hysteresis band", STRATEGIES_SECTION),
+    "shared-hot": (
+        "the device plugin hands out the device with the fewest pods, so shared devices rarely get hot under any "
+        "policy",
+        SHARED_SECTION,
+    ),
+    "shared-cov": (
+        "the filter holds pods back from nodes where the plugin might hand out a busy device, and the score ranks "
+        "nodes by the few devices the pod may get, not by node load: both spread node load less evenly than counting",
+        SHARED_SECTION,
+    ),
+    "tp-wait-8": ("spread fills every node a little and leaves no node with 8 free GPUs", SHARED_SECTION),
+    "tp-wait-1": ("packing makes small pods wait for room on the nodes it fills", SHARED_SECTION),
+    "interference": (
+        "4- and 8-GPU pods fill their nodes and leave the interference term nothing to choose; for 1- and 2-GPU pods "
+        "the node with the quietest neighbours is the one counting picks too",
+        SHARED_SECTION,
+    ),
 }
 
 
@@ -56,18 +74,21 @@ def findings(document: Mapping[str, Any]) -> list[str]:
             f"hot placements {load['hot_placements']} vs {count['hot_placements']}, "
             f"node-load CoV {load['load_cov']:.3f} vs {count['load_cov']:.3f}, {load['held']} pod(s) held back"
         )
-        if replicas == 1:
+        # Time-slicing: fleet-wide (--replicas) or per pool (the inventory's sharing, --share TENANT:RESOURCE=N).
+        sharing = document.get("fleet", {}).get("sharing") or {}
+        shared = f"{replicas} pods per device" if replicas > 1 else ", ".join(f"{k} x{n}" for k, n in sharing.items())
+        if not shared:
             lines.append(
                 "With exclusive devices (as deployed) the load-aware extender places like counting GPUs "
                 f"(load vs count: {figures}): every device with room is idle, so every fitting node scores the same."
             )
         elif load["hot_placements"] < count["hot_placements"]:
             lines.append(
-                f"With {replicas} pods per device the extender keeps pods off hot devices (load vs count: {figures})."
+                f"With {shared} time-sliced the extender keeps pods off hot devices (load vs count: {figures})."
             )
         else:
             lines.append(
-                f"With {replicas} pods per device the extender does no better than counting (load vs count: {figures})."
+                f"With {shared} time-sliced the extender does no better than counting (load vs count: {figures})."
             )
     spread, auto = capacity.get("spread"), capacity.get("auto")
     if spread and auto:

@@ -1,0 +1,257 @@
+"""Figures per tenant pool, and the goals for shared devices, tensor-parallel pods and interference.
+
+- load CoV per pool: at each sample, the CoV of node load within the pool (when it has load), averaged over
+  the samples (a regular grid: time-weighted);
+- wait p95 per request size: per pool and number of devices a pod asks for, arrival to start over placed pods;
+- mean slowdown: per pool, the mean of ``run time / nominal duration - 1`` over pods that ended (the interference
+  model; 0 when it is off);
+- hot placements per pool (the model's rule: onto a hot device while a cooler free one existed).
+
+``pool_goal_checks`` states the goals of docs/simulator.md in words; ``plot_pools`` draws the four figures with the
+goal lines.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpufleet_extender.pods import WHOLE_GPU_RESOURCE
+from gpufleet_extender.simulate.metrics import GoalCheck, coefficient_of_variation, percentile
+from gpufleet_extender.simulate.model import RunResult
+
+GOAL_SHARED_HOT_RATIO = 0.2  # load's hot placements at most this x count's (shared devices)
+GOAL_SHARED_COV_RATIO = 0.5  # load's CoV in the shared pool at most this x count's
+GOAL_TP8_WAIT_RATIO = 0.5  # auto's wait p95 of 8-GPU pods at most this x spread's
+GOAL_TP1_WAIT_RATIO = 1.2  # auto's wait p95 of 1-GPU pods at most this x spread's
+GOAL_SLOWDOWN_RATIO = 0.8  # spread's mean slowdown (interference term on) at most this x count's
+TP_SCENARIO = "tp-mix"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolFigures:
+    policy: str
+    load_cov: dict[str, float]  # pool -> time-mean CoV of node load
+    hot_placements: dict[str, int]
+    wait_p95_by_size: dict[str, dict[int, float | None]]  # pool -> devices asked for -> wait p95 (s)
+    mean_slowdown: dict[str, float | None]  # pool -> mean extra run time share; None: no pod ended
+
+    def to_json(self) -> dict:
+        document = asdict(self)
+        document["wait_p95_by_size"] = {p: {str(k): v for k, v in s.items()} for p, s in self.wait_p95_by_size.items()}
+        return document
+
+
+def _pool(tenant: str | None) -> str:
+    return tenant or "shared"
+
+
+def pool_figures(result: RunResult) -> PoolFigures:
+    members: dict[str, list[int]] = {}
+    for index, tenant in enumerate(result.node_tenants):
+        members.setdefault(_pool(tenant), []).append(index)
+    covs: dict[str, list[float]] = {pool: [] for pool in members}
+    for loads in result.node_load:
+        for pool, indices in members.items():
+            cov = coefficient_of_variation([loads[i] for i in indices])
+            if cov is not None:
+                covs[pool].append(cov)
+    waits: dict[str, dict[int, list[float]]] = {}
+    slowdowns: dict[str, list[float]] = {}
+    hot: dict[str, int] = dict.fromkeys(members, 0)
+    for outcome in result.outcomes:
+        pool = _pool(outcome.tenant)
+        if outcome.wait is not None:
+            waits.setdefault(pool, {}).setdefault(outcome.count, []).append(outcome.wait)
+        if outcome.slowdown is not None:
+            slowdowns.setdefault(pool, []).append(outcome.slowdown - 1.0)
+        hot[pool] = hot.get(pool, 0) + outcome.hot
+    return PoolFigures(
+        policy=result.policy,
+        load_cov={pool: statistics.fmean(values) if values else 0.0 for pool, values in covs.items()},
+        hot_placements=hot,
+        wait_p95_by_size={
+            pool: {size: percentile(values, 0.95) for size, values in sorted(by_size.items())}
+            for pool, by_size in waits.items()
+        },
+        mean_slowdown={pool: statistics.fmean(values) if values else None for pool, values in slowdowns.items()},
+    )
+
+
+def whole_gpu_pools(results: Sequence[RunResult]) -> list[str]:
+    """Pools whose pods asked for whole GPUs (the LLM pool on the Hong Kong fleet)."""
+    pools = {_pool(o.tenant) for r in results for o in r.outcomes if o.resource == WHOLE_GPU_RESOURCE}
+    return sorted(pools)
+
+
+def _ratio_check(
+    goal: str, value: float | None, reference: float | None, limit: float, what: str, key: str
+) -> GoalCheck:
+    if value is None or reference is None:
+        return GoalCheck(goal, None, f"{what}: no figure (no pod of that kind placed)", key)
+    if reference <= 0:
+        passed = value <= 0
+        note = " (met vacuously: the reference has none to improve on)" if passed else ""
+        return GoalCheck(goal, passed, f"{what}: {value:g} against {reference:g}{note}", key)
+    ratio = value / reference
+    return GoalCheck(
+        goal, ratio <= limit, f"{what}: {value:.3g} against {reference:.3g} (ratio {ratio:.2f}, limit {limit:g})", key
+    )
+
+
+def pool_goal_checks(
+    figures: Mapping[str, PoolFigures],
+    shared_pools: Sequence[str],
+    gpu_pools: Sequence[str],
+    scenario: str | None,
+    interference: float,
+) -> list[GoalCheck]:
+    """The goals that apply to this run: shared devices (a pool time-slices and load and count ran), and on the
+    tp-mix trace tensor-parallel waiting (auto and spread ran) and interference (alpha above 0, spread and count)."""
+    checks: list[GoalCheck] = []
+    load, count = figures.get("load"), figures.get("count")
+    if shared_pools and load and count:
+        load_hot, count_hot = sum(load.hot_placements.values()), sum(count.hot_placements.values())
+        checks.append(
+            _ratio_check(
+                f"with shared devices, load makes at most {GOAL_SHARED_HOT_RATIO:g}x count's hot placements",
+                load_hot,
+                count_hot,
+                GOAL_SHARED_HOT_RATIO,
+                "hot placements, load against count",
+                "shared-hot",
+            )
+        )
+        for pool in shared_pools:
+            checks.append(
+                _ratio_check(
+                    f"load's node-load CoV in the shared {pool} pool is at most {GOAL_SHARED_COV_RATIO:g}x count's",
+                    load.load_cov.get(pool),
+                    count.load_cov.get(pool),
+                    GOAL_SHARED_COV_RATIO,
+                    f"{pool} load CoV, load against count",
+                    "shared-cov",
+                )
+            )
+    if scenario != TP_SCENARIO:
+        return checks
+    auto, spread = figures.get("auto"), figures.get("spread")
+    for pool in gpu_pools:
+        if auto and spread:
+            auto_waits, spread_waits = auto.wait_p95_by_size.get(pool, {}), spread.wait_p95_by_size.get(pool, {})
+            checks.append(
+                _ratio_check(
+                    f"in the {pool} pool, auto's wait p95 of 8-GPU pods is at most {GOAL_TP8_WAIT_RATIO:g}x spread's",
+                    auto_waits.get(8),
+                    spread_waits.get(8),
+                    GOAL_TP8_WAIT_RATIO,
+                    "8-GPU wait p95 (s), auto against spread",
+                    "tp-wait-8",
+                )
+            )
+            checks.append(
+                _ratio_check(
+                    f"in the {pool} pool, auto's wait p95 of 1-GPU pods is at most {GOAL_TP1_WAIT_RATIO:g}x spread's",
+                    auto_waits.get(1),
+                    spread_waits.get(1),
+                    GOAL_TP1_WAIT_RATIO,
+                    "1-GPU wait p95 (s), auto against spread",
+                    "tp-wait-1",
+                )
+            )
+        if interference > 0 and spread and count:
+            checks.append(
+                _ratio_check(
+                    f"with interference, spread's mean slowdown in the {pool} pool is at most "
+                    f"{GOAL_SLOWDOWN_RATIO:g}x count's",
+                    spread.mean_slowdown.get(pool),
+                    count.mean_slowdown.get(pool),
+                    GOAL_SLOWDOWN_RATIO,
+                    "mean extra run time, spread against count",
+                    "interference",
+                )
+            )
+    return checks
+
+
+def format_pools(figures: Sequence[PoolFigures]) -> str:
+    """One line per policy and pool: CoV, hot placements, mean slowdown, wait p95 per request size."""
+    lines = [f"{'policy':<18} {'pool':<10} {'CoV':>6} {'hot':>5} {'slowdown':>9}  wait p95 by devices asked for"]
+    for entry in figures:
+        for pool in sorted(entry.load_cov):
+            slowdown = entry.mean_slowdown.get(pool)
+            if slowdown is not None and abs(slowdown) < 5e-4:
+                slowdown = 0.0  # float noise of run time / duration
+            waits = entry.wait_p95_by_size.get(pool, {})
+            sizes = ", ".join(f"{size}: {'-' if w is None else f'{w:.0f}s'}" for size, w in waits.items())
+            lines.append(
+                f"{entry.policy:<18} {pool:<10} {entry.load_cov[pool]:>6.3f} {entry.hot_placements.get(pool, 0):>5} "
+                f"{'-' if slowdown is None else f'{slowdown:+.1%}':>9}  {sizes}"
+            )
+    return "\n".join(lines)
+
+
+def plot_pools(
+    path: Path, figures: Sequence[PoolFigures], checks: Sequence[GoalCheck], shared_pools: Sequence[str] = ()
+) -> None:
+    """Four panels: hot placements, load CoV per pool, mean slowdown per pool, wait p95 per request size; the goal
+    limits drawn as dashed lines (a limit is the goal's ratio times the reference policy's figure).
+
+    Raises ImportError when matplotlib is missing (the ``sim`` extra).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = [f.policy for f in figures]
+    pools = sorted({p for f in figures for p in f.load_cov})
+    figure, axes = plt.subplots(1, 4, figsize=(20, 4.6))
+    width = 0.8 / max(1, len(policies))
+
+    def bars(axis, values_of, groups, title, fmt=None):
+        for index, entry in enumerate(figures):
+            values = [values_of(entry, g) or 0.0 for g in groups]
+            axis.bar([i + index * width for i in range(len(groups))], values, width, label=entry.policy)
+        axis.set_xticks([i + width * (len(policies) - 1) / 2 for i in range(len(groups))], [str(g) for g in groups])
+        axis.set_title(title, fontsize=10)
+
+    by_name = {f.policy: f for f in figures}
+    bars(axes[0], lambda f, p: f.hot_placements.get(p, 0), pools, "hot placements per pool")
+    bars(axes[1], lambda f, p: f.load_cov.get(p), pools, "node-load CoV per pool")
+    bars(axes[2], lambda f, p: f.mean_slowdown.get(p), pools, "mean slowdown (extra run time) per pool")
+    gpu_pool = next((p for f in figures for p, w in f.wait_p95_by_size.items() if 8 in w), None)
+    sizes = sorted({s for f in figures for s in f.wait_p95_by_size.get(gpu_pool, {})}) if gpu_pool else []
+    if gpu_pool:
+        bars(axes[3], lambda f, s: f.wait_p95_by_size.get(gpu_pool, {}).get(s), sizes, f"wait p95 (s), {gpu_pool}")
+        axes[3].set_xlabel("GPUs per pod")
+    # Goal lines: count-relative limits on the first three panels, spread-relative ones on the waits.
+    goal_text = " ".join(c.goal for c in checks)
+    count, spread = by_name.get("count"), by_name.get("spread")
+    if count and "hot placements" in goal_text:
+        axes[0].axhline(
+            GOAL_SHARED_HOT_RATIO * sum(count.hot_placements.values()), ls="--", c="k", lw=1, label="goal: load total"
+        )
+    if count and "CoV in the shared" in goal_text:
+        for pool in shared_pools:
+            x = pools.index(pool)
+            axes[1].hlines(GOAL_SHARED_COV_RATIO * count.load_cov.get(pool, 0.0), x - 0.1, x + 0.9, ls="--", colors="k")
+    if count and "slowdown" in goal_text and gpu_pool in pools and count.mean_slowdown.get(gpu_pool) is not None:
+        x = pools.index(gpu_pool)
+        limit = GOAL_SLOWDOWN_RATIO * count.mean_slowdown[gpu_pool]
+        axes[2].hlines(limit, x - 0.1, x + 0.9, ls="--", colors="k", lw=1, label=f"goal ({gpu_pool})")
+    if spread and gpu_pool and "8-GPU" in goal_text:
+        waits = spread.wait_p95_by_size.get(gpu_pool, {})
+        for size, ratio in ((8, GOAL_TP8_WAIT_RATIO), (1, GOAL_TP1_WAIT_RATIO)):
+            if size in sizes and waits.get(size) is not None:
+                x = sizes.index(size)
+                axes[3].hlines(ratio * waits[size], x - 0.1, x + 0.9, ls="--", colors="k", lw=1)
+    for axis in axes:
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7)
+    figure.suptitle("Per pool, by placement policy (dashed: the goal's limit)", fontsize=12)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)

@@ -1,0 +1,119 @@
+"""Shared (time-sliced) resources and the interference term: the devices a pod would share, and its neighbours."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet_extender.config import SettingsError, load_settings
+from gpufleet_extender.pods import ResourceRequest
+from gpufleet_extender.scoring import (
+    Outcome,
+    Policy,
+    Strategy,
+    evaluate_node,
+    interference_load,
+    shared_candidates,
+)
+from gpufleet_extender.snapshot import DeviceMetrics, NodeMetrics
+
+MIG1G = "nvidia.com/mig-1g.10gb"
+GPU = "nvidia.com/gpu"
+NOW = 1000.0
+SHARED = Policy(shared_resources=((MIG1G, 4),))
+
+
+def dev(key: str, util: float, pods: int | None = None, mem: float = 0.0) -> DeviceMetrics:
+    return DeviceMetrics(key, util, mem, pods)
+
+
+def shared_node(*devices: DeviceMetrics) -> NodeMetrics:
+    return NodeMetrics("n", NOW - 1, {MIG1G: devices})
+
+
+def test_candidates_are_the_least_used_devices_whatever_their_load():
+    devices = [dev("a", 0.1, pods=2), dev("b", 0.9, pods=1), dev("c", 0.2, pods=1), dev("d", 0.0, pods=4)]
+    assert [d.key for d in shared_candidates(devices, 1, 4)] == ["b", "c"]
+    # Two replicas: one from each of b and c, both at the lowest count.
+    assert [d.key for d in shared_candidates(devices, 2, 4)] == ["b", "c"]
+    # Three: b and c, then any device at 2 pods (a); d is full.
+    assert [d.key for d in shared_candidates(devices, 3, 4)] == ["b", "c", "a"]
+    assert shared_candidates(devices, 4, 4) == []
+
+
+def test_in_flight_pods_take_their_replicas_first():
+    devices = [dev("a", 0.1, pods=1), dev("b", 0.1, pods=0)]
+    assert [d.key for d in shared_candidates(devices, 1, 4, assumed=0)] == ["b"]
+    # One pod bound since the sample went to b (fewest pods): a and b now tie at one pod each.
+    assert [d.key for d in shared_candidates(devices, 1, 4, assumed=1)] == ["a", "b"]
+
+
+def test_a_shared_node_fails_when_the_plugin_may_hand_out_a_busy_device():
+    # The least-loaded device (c) has room, but the plugin gives the pod b, the device with the fewest pods.
+    metrics = shared_node(dev("a", 0.3, pods=2), dev("b", 0.85, pods=1), dev("c", 0.05, pods=2))
+    request = (ResourceRequest(MIG1G, 1),)
+    verdict = evaluate_node("n", metrics, request, SHARED, NOW)
+    assert not verdict.passed and verdict.outcome is Outcome.OVERLOADED
+    assert "b: util 0.85 > 0.80" in verdict.reason
+    # The same node judged as exclusive devices passes: it has a cool device with room.
+    assert evaluate_node("n", metrics, request, Policy(), NOW).passed
+
+
+def test_a_shared_node_scores_the_mean_load_of_the_devices_it_may_get():
+    metrics = shared_node(dev("a", 0.9, pods=3), dev("b", 0.2, pods=1), dev("c", 0.4, pods=1))
+    verdict = evaluate_node("n", metrics, (ResourceRequest(MIG1G, 1),), SHARED, NOW)
+    assert verdict.passed
+    assert verdict.score == round(10 * (1 - 0.7 * (0.2 + 0.4) / 2))  # mem 0: load = 0.7 x util
+
+
+def test_without_pod_counts_a_shared_resource_is_judged_the_exclusive_way():
+    metrics = shared_node(dev("a", 0.85), dev("b", 0.1))
+    request = (ResourceRequest(MIG1G, 1),)
+    assert evaluate_node("n", metrics, request, SHARED, NOW) == evaluate_node("n", metrics, request, Policy(), NOW)
+
+
+def test_interference_load_counts_the_other_devices_and_in_flight_ones_as_full():
+    metrics = NodeMetrics("n", NOW - 1, {GPU: (dev("0", 0.0), dev("1", 1.0), dev("2", 0.5), dev("3", 0.0))})
+    policy = Policy()
+    picked = [metrics.devices[GPU][0]]
+    assert interference_load(metrics, picked, policy) == pytest.approx(0.7 * (1.0 + 0.5 + 0.0) / 3)
+    # One in-flight pod took the least-loaded device left (3, idle in the sample): it counts as full.
+    assert interference_load(metrics, [metrics.devices[GPU][3]], policy, {GPU: 1}) == pytest.approx(
+        (1.0 + 0.7 * 1.0 + 0.7 * 0.5) / 3
+    )
+
+
+def test_spread_prefers_the_idle_gpu_on_the_quiet_node_with_interference_on():
+    busy = NodeMetrics("busy", NOW - 1, {GPU: (dev("0", 0.0), *(dev(str(i), 0.9) for i in range(1, 8)))})
+    quiet = NodeMetrics("quiet", NOW - 1, {GPU: (dev("0", 0.05), *(dev(str(i), 0.0) for i in range(1, 8)))})
+    request = (ResourceRequest(GPU, 1),)
+    plain = Policy()
+    assert evaluate_node("busy", busy, request, plain, NOW).score == 10  # the idle GPU is all spread looks at
+    assert evaluate_node("quiet", quiet, request, plain, NOW).score == 10
+    weighted = Policy(interference_weight=0.5)
+    busy_score = evaluate_node("busy", busy, request, weighted, NOW)
+    assert busy_score.score == round(10 * (1 - 0.5 * 7 * 0.63 / 7))
+    assert "INTERFERENCE_WEIGHT 0.5" in busy_score.reason
+    assert evaluate_node("quiet", quiet, request, weighted, NOW).score == 10
+    # Pack ignores the term: it wants busy nodes.
+    packing = Policy(interference_weight=0.5, strategy=Strategy.PACK)
+    assert (
+        evaluate_node("busy", busy, request, packing, NOW).score
+        == evaluate_node("busy", busy, request, Policy(strategy=Strategy.PACK), NOW).score
+    )
+
+
+def test_settings_read_shared_resources_and_the_interference_weight(monkeypatch):
+    monkeypatch.setenv("SHARED_RESOURCES", '{"nvidia.com/mig-1g.10gb": 4}')
+    monkeypatch.setenv("INTERFERENCE_WEIGHT", "0.5")
+    policy = Policy.from_settings(load_settings())
+    assert policy.shared_resources == ((MIG1G, 4),)
+    assert policy.replicas_of(MIG1G) == 4 and policy.replicas_of(GPU) == 1
+    assert policy.interference_weight == 0.5
+    monkeypatch.setenv("SHARED_RESOURCES", '{"example.com/fpga": 2}')
+    with pytest.raises(SettingsError, match="SHARED_RESOURCES"):
+        load_settings()
+
+
+def test_defaults_leave_scoring_as_it_was():
+    settings_policy = Policy.from_settings(load_settings())
+    assert settings_policy.shared_resources == () and settings_policy.interference_weight == 0.0
