@@ -28,10 +28,16 @@ $(VENV)/.installed: requirements.txt extender/pyproject.toml
 	$(BIN)/pip install --quiet -e ./extender
 	touch $@
 
-venv: $(VENV)/.installed
+# The kubelet pod-resources API's protobuf messages are generated from proto/ here, not committed: every target that
+# uses or ships the collection (venv, collection-link, build, hence lab, test, sanity) has them.
+PROTO_PY := plugins/module_utils/kubelet_podresources_v1_pb2.py
+$(PROTO_PY): proto/kubelet_podresources_v1.proto $(VENV)/.installed
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$(dir $@) $<
+
+venv: $(VENV)/.installed $(PROTO_PY)
 
 # ansible finds gpufleet.mig through ansible.cfg's collections_path: build/collections -> this checkout.
-collection-link:
+collection-link: $(PROTO_PY)
 	@mkdir -p $(dir $(COLLECTION_LINK))
 	@ln -sfn ../../../.. $(COLLECTION_LINK)
 
