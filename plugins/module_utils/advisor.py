@@ -504,3 +504,41 @@ def demand_from_pods(pods: list[dict]) -> dict[str, int]:
                     profile = _canonical(name[len(MIG_RESOURCE_PREFIX) :], "pod request")
                     demand[profile] = demand.get(profile, 0) + count
     return dict(sorted(demand.items()))
+
+
+def rollout_surprises(advice_node: dict, plan: dict, gpu_info: list[dict], pod_resources: dict | None) -> list[str]:
+    """What changed on a node since its advice, read just before applying it (an empty list: go ahead).
+
+    advice_node: one entry of the advice's `nodes`; plan: nvidia_mig's check-mode result for that node's config;
+    gpu_info: nvidia_gpu_info's `gpus` read now; pod_resources: kubelet_pod_resources' result read now (or None).
+    A surprise is a GPU whose instances are no longer those the advice started from, a plan that would destroy
+    other instances than the advice chose, or an instance to destroy that is now allocated or busy.
+    """
+    name = advice_node.get("name", "?")
+    problems = []
+    now = {g.index: g for g in gpus_from_facts(name, gpu_info, pod_resources)}
+    planned = {g.get("index"): g for g in plan.get("gpus", [])}
+    for gpu in advice_node.get("gpus", []):
+        index = gpu["index"]
+        where = f"{name} GPU {index}"
+        current = now.get(index)
+        if current is None or not current.mig_enabled:
+            problems.append(f"{where}: no longer a MIG-enabled GPU")
+            continue
+        before = sorted((s["profile"], s["start"]) for s in gpu["before"])
+        if sorted((i.profile, i.start) for i in current.instances) != before:
+            problems.append(f"{where}: its instances changed since the advice")
+            continue
+        destroy = sorted(
+            (a["profile"], a["start"]) for a in planned.get(index, {}).get("actions", []) if a["op"] == "destroy"
+        )
+        if destroy != sorted((d["profile"], d["start"]) for d in gpu["destroy"]):
+            problems.append(
+                f"{where}: nvidia_mig would destroy {destroy or 'nothing'}, the advice chose other instances"
+            )
+        held = sorted(
+            f"{i.profile}@{i.start}" for i in current.instances if i.allocated and (i.profile, i.start) in destroy
+        )
+        if held:
+            problems.append(f"{where}: {', '.join(held)} to be destroyed is now allocated or busy")
+    return problems

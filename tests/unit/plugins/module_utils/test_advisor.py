@@ -18,6 +18,7 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.advisor import (
     advise,
     demand_from_pods,
     gpus_from_facts,
+    rollout_surprises,
 )
 from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml, new_state
 from ansible_collections.gpufleet.mig.plugins.module_utils.planner import Catalog
@@ -246,3 +247,26 @@ def test_gpus_from_facts_and_pending_pods(tmp_path):
     (after,) = advice.gpus
     assert after.destroy[0].start == 0 and [s.profile for s in after.create] == ["1g.10gb"] * 3
     assert ("3g.40gb", 4) in {(s.profile, s.start) for s in after.after}
+
+
+def test_rollout_surprises(tmp_path):
+    """Read again just before applying: a plan that no longer matches the advice, or a newly held instance, stops."""
+    state = tmp_path / "sim.json"
+    state.write_text(json.dumps(new_state(gpus=1, product="NVIDIA H100 80GB HBM3")))
+    sim = SimulatedNvml(str(state))
+    apply(sim, [{"devices": "all", "mig_enabled": True, "mig_devices": {"1g.10gb": 7}}])
+    facts = gpu_info.collect(sim)
+    advice = advise(gpus_from_facts("n1", facts), {"3g.40gb": 1}, allowed=["1g.10gb", "3g.40gb"])
+    (node,) = advice.nodes()
+    plan = apply(sim, node["config"], check_mode=True)
+    assert rollout_surprises(node, plan, facts, None) == []
+    victim = node["gpus"][0]["destroy"][0]
+    uuid = next(
+        i["compute_instances"][0]["mig_device_uuid"] for i in facts[0]["gpu_instances"] if i["start"] == victim["start"]
+    )
+    problems = rollout_surprises(node, plan, facts, {"allocated": [{"device_id": uuid}]})
+    assert problems == [f"n1 GPU 0: 1g.10gb@{victim['start']} to be destroyed is now allocated or busy"]
+    other = dict(plan, gpus=[dict(plan["gpus"][0], actions=[])])
+    assert "the advice chose other instances" in rollout_surprises(node, other, facts, None)[0]
+    apply(sim, [{"devices": "all", "mig_enabled": True, "mig_devices": {"2g.20gb": 3}}])
+    assert "changed since the advice" in rollout_surprises(node, plan, gpu_info.collect(sim), None)[0]
