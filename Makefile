@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test bench-mig bench-extender bench-scheduler lint sanity pytest integration k8s-assets go-test molecule molecule-images system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test bench-mig bench-mig-advice bench-extender bench-scheduler lint sanity pytest integration k8s-assets go-test molecule molecule-images system-deps build clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
@@ -52,6 +52,11 @@ lab: venv collection-link
 	gpufleet-extender simulate --inventory inventories/lab --output $(LAB_DIR)/sim --seed 1
 	# ... and whether packing at night frees whole GPUs and nodes (spread vs pack vs auto).
 	gpufleet-extender simulate --inventory inventories/lab --scenario quiet-night --output $(LAB_DIR)/sim-quiet --seed 1
+	# Demand-driven layouts: one advice and rollout (playbooks/mig-rebalance.yml) on a copy of the finance pool's
+	# simulated GPUs, so that the lab's own GPUs keep their declared layout and a second run changes nothing.
+	rm -rf $(LAB_DIR)/rebalance && mkdir -p $(LAB_DIR)/rebalance && cp -r $(LAB_DIR)/nvml $(LAB_DIR)/rebalance/
+	ansible-playbook -i inventories/lab playbooks/mig-rebalance.yml -e gpufleet_lab_dir=$(CURDIR)/$(LAB_DIR)/rebalance \
+	  -e mig_rebalance_pool=tenant_finnlp -e '{"mig_rebalance_demand": {"3g.40gb": 4, "2g.20gb": 4}}'
 
 lab-reset:
 	rm -rf $(LAB_DIR)
@@ -101,6 +106,11 @@ integration: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_A
 # instances than the brute-force minimum, so the suite runs it; bench-extender takes minutes.
 bench-mig: venv collection-link
 	python benchmarks/mig_transitions.py --transitions 500 --seed 7
+
+# The MIG layout advisor on the Hong Kong pools: demand served, instances changed, time; exits 1 if an allocated
+# instance is destroyed or a changed GPU destroys more than the brute-force minimum.
+bench-mig-advice: venv collection-link
+	python benchmarks/mig_advice.py --seed 1
 
 bench-extender: venv
 	python extender/benchmarks/bench_extender.py

@@ -79,3 +79,13 @@ def test_rebalance_check_apply_rerun(tmp_path):
     assert "destroy 0, create 0" in rerun.stdout
     recap = re.findall(r"(hk-gpu-\d+)\s*:\s*ok=\d+\s+changed=(\d+)", rerun.stdout)
     assert recap and all(changed == "0" for _host, changed in recap), recap
+
+
+def test_pool_must_be_named(tmp_path):
+    result = run_playbook(
+        "playbooks/mig-rebalance.yml", "inventories/lab", {"mig_rebalance_pool": "tenant_nope"}, tmp_path
+    )
+    assert result.returncode != 0
+    assert "Name the pool with -e mig_rebalance_pool=<inventory group> (got tenant_nope" in " ".join(
+        result.stdout.split()
+    )
