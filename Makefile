@@ -16,7 +16,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test bench-mig bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images scheduler-image system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images scheduler-image system-deps build clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
@@ -34,10 +34,16 @@ $(VENV)/.installed: requirements.txt extender/pyproject.toml
 	$(BIN)/pip install --quiet -e ./extender
 	touch $@
 
-venv: $(VENV)/.installed
+# The kubelet pod-resources API's protobuf messages are generated from proto/ here, not committed: every target that
+# uses or ships the collection (venv, collection-link, build, hence lab, test, sanity) has them.
+PROTO_PY := plugins/module_utils/kubelet_podresources_v1_pb2.py
+$(PROTO_PY): proto/kubelet_podresources_v1.proto $(VENV)/.installed
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$(dir $@) $<
+
+venv: $(VENV)/.installed $(PROTO_PY)
 
 # ansible finds gpufleet.mig through ansible.cfg's collections_path: build/collections -> this checkout.
-collection-link:
+collection-link: $(PROTO_PY)
 	@mkdir -p $(dir $(COLLECTION_LINK))
 	@ln -sfn ../../../.. $(COLLECTION_LINK)
 
@@ -56,6 +62,13 @@ lab: venv collection-link
 	@# The lab's GPUs are files: roll each pool in one batch (production rolls 25% of a pool at a time).
 	@ANSIBLE_STDOUT_CALLBACK=gpufleet.mig.phases \
 	  ansible-playbook -i inventories/lab playbooks/site.yml -e mig_partition_serial=100%
+	@# Demand-driven layouts: one advice and rollout (playbooks/mig-rebalance.yml) on a copy of the finance pool's
+	@# simulated GPUs, so that the lab's own GPUs keep their declared layout and a second run changes nothing.
+	@echo "MIG re-layout: advice and rollout for 4 x 3g.40gb + 4 x 2g.20gb on a copy of the finance pool's GPUs"
+	@rm -rf $(LAB_DIR)/rebalance && mkdir -p $(LAB_DIR)/rebalance && cp -r $(LAB_DIR)/nvml $(LAB_DIR)/rebalance/
+	@ANSIBLE_STDOUT_CALLBACK=gpufleet.mig.phases \
+	  ansible-playbook -i inventories/lab playbooks/mig-rebalance.yml -e gpufleet_lab_dir=$(CURDIR)/$(LAB_DIR)/rebalance \
+	  -e mig_rebalance_pool=tenant_finnlp -e '{"mig_rebalance_demand": {"3g.40gb": 4, "2g.20gb": 4}}'
 	@# Would the load-aware extender place this fleet's pods better than counting GPUs? (docs/simulator.md)
 	@echo "Placement simulator: mixed 4 h trace, count / random-fit / load / load-no-inflight -> $(LAB_DIR)/sim/"
 	@gpufleet-extender simulate --inventory inventories/lab --output $(LAB_DIR)/sim --seed 1 --quiet \
@@ -126,6 +139,11 @@ integration: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_A
 # instances than the brute-force minimum, so the suite runs it; bench-extender takes minutes.
 bench-mig: venv collection-link
 	python benchmarks/mig_transitions.py --transitions 500 --seed 7
+
+# The MIG layout advisor on the Hong Kong pools: demand served, instances changed, time; exits 1 if an allocated
+# instance is destroyed or a changed GPU destroys more than the brute-force minimum.
+bench-mig-advice: venv collection-link
+	python benchmarks/mig_advice.py --seed 1
 
 bench-extender: venv
 	python extender/benchmarks/bench_extender.py

@@ -1,0 +1,91 @@
+"""playbooks/mig-rebalance.yml on the simulated lab's finance-NLP pool (4 nodes of 8 simulated H100s, 7 x 1g.10gb
+each) with a gRPC kubelet on a unix socket that has handed some instances to pods: check mode prints the plan and
+writes nothing; apply serves the demand and keeps every allocated MIG device; a rerun changes nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ansible_collections.gpufleet.mig.plugins.module_utils import gpu_info
+from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml, new_state
+from ansible_collections.gpufleet.mig.plugins.module_utils.runner import apply
+from fake_kubelet import FakeKubelet, NodeDevices
+from support import run_playbook
+
+POOL = ["hk-gpu-17", "hk-gpu-18", "hk-gpu-19", "hk-gpu-20"]
+FINNLP = [{"devices": "all", "mig_enabled": True, "mig_devices": {"1g.10gb": 7}}]
+
+
+def uuids(sim) -> list[str]:
+    return [
+        ci["mig_device_uuid"]
+        for g in gpu_info.collect(sim)
+        for i in g["gpu_instances"]
+        for ci in i["compute_instances"]
+    ]
+
+
+def test_rebalance_check_apply_rerun(tmp_path):
+    lab = tmp_path / "lab"
+    (lab / "nvml").mkdir(parents=True)
+    sims = {}
+    for host in POOL:
+        path = lab / "nvml" / f"{host}.json"
+        path.write_text(json.dumps(new_state(gpus=8, product="NVIDIA H100 80GB HBM3")))
+        sims[host] = SimulatedNvml(str(path))
+        apply(sims[host], FINNLP)
+    # Pods hold the first three 1g.10gb instances of every GPU of hk-gpu-17 (its other nodes: nothing held).
+    held = [
+        u
+        for g in gpu_info.collect(sims["hk-gpu-17"])
+        for i in g["gpu_instances"][:3]
+        for u in [i["compute_instances"][0]["mig_device_uuid"]]
+    ]
+    kubelet = NodeDevices(
+        pods={("finnlp", f"bert-{n}"): {"main": {"nvidia.com/mig-1g.10gb": [u]}} for n, u in enumerate(held)},
+        allocatable={"nvidia.com/mig-1g.10gb": sorted(uuids(sims["hk-gpu-17"]))},
+    )
+    extra = {
+        "gpufleet_lab_dir": str(lab),
+        "mig_rebalance_pool": "tenant_finnlp",
+        "mig_rebalance_demand": {"3g.40gb": 6},
+        "mig_rebalance_allowed_profiles": ["1g.10gb", "3g.40gb"],
+        "mig_rebalance_read_pod_resources": True,
+        "mig_rebalance_pod_resources_socket": str(tmp_path / "kubelet.sock"),
+    }
+    states = {h: (lab / "nvml" / f"{h}.json").read_text() for h in POOL}
+    with FakeKubelet(tmp_path / "kubelet.sock", kubelet):
+        check = run_playbook("playbooks/mig-rebalance.yml", "inventories/lab", extra, tmp_path, ("--check",))
+        assert check.returncode == 0, check.stdout[-4000:]
+        assert "pool: serves 18 of 18 demanded compute slices" in check.stdout
+        assert {h: (lab / "nvml" / f"{h}.json").read_text() for h in POOL} == states  # check mode wrote nothing
+
+        applied = run_playbook("playbooks/mig-rebalance.yml", "inventories/lab", extra, tmp_path)
+        assert applied.returncode == 0, applied.stdout[-4000:]
+        after = {h: SimulatedNvml(str(lab / "nvml" / f"{h}.json")) for h in POOL}
+        assert set(held) <= set(uuids(after["hk-gpu-17"]))  # every allocated MIG device survived
+        instances = [i for h in POOL for g in gpu_info.collect(after[h]) for i in g["gpu_instances"]]
+        assert sum(1 for i in instances if i["profile"] == "3g.40gb") >= 6
+        boot = [
+            json.loads((lab / "hosts" / h / "etc/gpufleet/mig-layout.json").read_text())
+            for h in POOL
+            if (lab / "hosts" / h / "etc/gpufleet/mig-layout.json").exists()
+        ]
+        assert boot and all(b["force"] is False for b in boot)
+
+        rerun = run_playbook("playbooks/mig-rebalance.yml", "inventories/lab", extra, tmp_path)
+    assert rerun.returncode == 0, rerun.stdout[-4000:]
+    assert "destroy 0, create 0" in rerun.stdout
+    recap = re.findall(r"(hk-gpu-\d+)\s*:\s*ok=\d+\s+changed=(\d+)", rerun.stdout)
+    assert recap and all(changed == "0" for _host, changed in recap), recap
+
+
+def test_pool_must_be_named(tmp_path):
+    result = run_playbook(
+        "playbooks/mig-rebalance.yml", "inventories/lab", {"mig_rebalance_pool": "tenant_nope"}, tmp_path
+    )
+    assert result.returncode != 0
+    assert "Name the pool with -e mig_rebalance_pool=<inventory group> (got tenant_nope" in " ".join(
+        result.stdout.split()
+    )
