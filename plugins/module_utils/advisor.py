@@ -32,7 +32,9 @@ of changes is then not proven minimal; allocated instances and minimums hold eit
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .exceptions import MigError
 from .planner import Catalog, Slot
@@ -86,7 +88,7 @@ class GpuAdvice:
             counts[slot.profile] = counts.get(slot.profile, 0) + 1
         return dict(sorted(counts.items()))
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "changed": self.changed,
@@ -119,7 +121,7 @@ class Advice:
     def created(self) -> int:
         return sum(len(g.create) for g in self.gpus)
 
-    def nodes(self) -> list[dict]:
+    def nodes(self) -> list[dict[str, Any]]:
         """Per node: what changes, and the nvidia_mig config that applies it (every MIG GPU, changed or not)."""
         by_node: dict[str, list[GpuAdvice]] = {}
         for gpu in self.gpus:
@@ -140,14 +142,14 @@ class Advice:
         return result
 
 
-def _canonical(name, what: str) -> str:
+def _canonical(name: object, what: str) -> str:
     try:
         return parse_profile_name(str(name)).canonical
     except ValueError as exc:
         raise AdviceError(f"{what}: {str(name)!r} is not a MIG profile name ({exc})") from None
 
 
-def _counts(raw, what: str) -> dict[str, int]:
+def _counts(raw: object, what: str) -> dict[str, int]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -198,7 +200,7 @@ def _gpu_candidates(gpu: GpuNow, dims: list[str], caps: tuple[int, ...], creatab
     best: dict[tuple[int, ...], _Candidate] = {}
     chosen: list[tuple[str, int, bool]] = []
 
-    def record():
+    def record() -> None:
         free = [0] * len(dims)
         created = kept = 0
         for name, _start, is_existing in chosen:
@@ -217,7 +219,7 @@ def _gpu_candidates(gpu: GpuNow, dims: list[str], caps: tuple[int, ...], creatab
         if current is None or (cost, destroyed, slots) < (current.cost, current.destroyed, current.slots):
             best[vector] = _Candidate(vector, cost, destroyed, slots)
 
-    def walk(i: int, occupied: int, compute: int):
+    def walk(i: int, occupied: int, compute: int) -> None:
         if i == len(options):
             record()
             return
@@ -277,9 +279,9 @@ def _check_gpu(gpu: GpuNow) -> None:
 
 def advise(
     gpus: list[GpuNow],
-    demand: dict,
-    minimums: dict | None = None,
-    allowed: list | None = None,
+    demand: dict[str, Any],
+    minimums: dict[str, Any] | None = None,
+    allowed: list[Any] | None = None,
     max_states: int = DEFAULT_MAX_STATES,
 ) -> Advice:
     """Target layouts for the pool's MIG-enabled GPUs (see the module docstring for the objective and search)."""
@@ -299,7 +301,7 @@ def advise(
             )
     for gpu in mig_gpus:
         _check_gpu(gpu)
-    allocated = {}
+    allocated: dict[str, int] = {}
     for gpu in mig_gpus:
         for inst in gpu.instances:
             if inst.allocated:
@@ -313,10 +315,10 @@ def advise(
     weight = tuple(_weight(mig_gpus, p) for p in dims)
     creatable = set(dims) & allowed_set
 
-    def served(vector) -> int:
+    def served(vector: tuple[int, ...]) -> int:
         return sum(w * min(d, v) for w, d, v in zip(weight, wanted, vector, strict=True))
 
-    def shortfall(vector) -> int:
+    def shortfall(vector: tuple[int, ...]) -> int:
         return sum(w * max(0, n - v) for w, n, v in zip(weight, needs, vector, strict=True))
 
     fronts = [_gpu_candidates(g, dims, caps, creatable) for g in mig_gpus]
@@ -360,9 +362,9 @@ def advise(
         _cheapen(fronts, choice, lambda v: (shortfall(v), -served(v)))
     advice_gpus = [_gpu_advice(gpu, fronts[g][choice[g]]) for g, gpu in enumerate(mig_gpus)]
     free_after = {p: 0 for p in dims}
-    for gpu in advice_gpus:
-        held = {(i.profile, i.start) for i in gpu.allocated}
-        for slot in gpu.after:
+    for advised in advice_gpus:
+        held = {(i.profile, i.start) for i in advised.allocated}
+        for slot in advised.after:
             if slot.profile in free_after and (slot.profile, slot.start) not in held:
                 free_after[slot.profile] += 1
     upper = sum(
@@ -383,7 +385,9 @@ def advise(
     )
 
 
-def _cheapen(fronts: list[list[_Candidate]], choice: list[int], rank) -> None:
+def _cheapen(
+    fronts: list[list[_Candidate]], choice: list[int], rank: Callable[[tuple[int, ...]], tuple[int, int]]
+) -> None:
     """After a beam search: give each GPU, in turn, the cheapest candidate that serves the pool as well (the other
     GPUs' choices fixed), until no GPU gets cheaper. Only ever lowers the cost; served demand does not change."""
     dims = len(fronts[0][0].vector) if fronts and fronts[0] else 0
@@ -430,7 +434,7 @@ def _gpu_advice(gpu: GpuNow, cand: _Candidate) -> GpuAdvice:
     )
 
 
-def catalog_from_facts(mig_profiles: list[dict]) -> Catalog:
+def catalog_from_facts(mig_profiles: list[dict[str, Any]]) -> Catalog:
     """The GPU's catalog from nvidia_gpu_info's `mig_profiles` (as NVML reported it on the host)."""
     from .planner import ProfileInfo
 
@@ -453,7 +457,9 @@ def catalog_from_facts(mig_profiles: list[dict]) -> Catalog:
         raise AdviceError(f"mig_profiles is not in nvidia_gpu_info's shape ({type(exc).__name__}: {exc})") from None
 
 
-def gpus_from_facts(node: str, gpu_info: list[dict], pod_resources: dict | None = None) -> list[GpuNow]:
+def gpus_from_facts(
+    node: str, gpu_info: list[dict[str, Any]], pod_resources: dict[str, Any] | None = None
+) -> list[GpuNow]:
     """A node's GPUs from nvidia_gpu_info's `gpus` and kubelet_pod_resources' result (its `allocated` list).
 
     An instance is allocated when the kubelet has handed one of its MIG devices to a container, or when a process
@@ -482,7 +488,7 @@ def gpus_from_facts(node: str, gpu_info: list[dict], pod_resources: dict | None 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
-def demand_from_pods(pods: list[dict]) -> dict[str, int]:
+def demand_from_pods(pods: list[dict[str, Any]]) -> dict[str, int]:
     """MIG instances wanted by pending pods (Kubernetes Pod objects): their containers' nvidia.com/mig-<profile>
     limits (requests when no limit; extended resources have equal ones), summed over the pods."""
     demand: dict[str, int] = {}
@@ -506,7 +512,12 @@ def demand_from_pods(pods: list[dict]) -> dict[str, int]:
     return dict(sorted(demand.items()))
 
 
-def rollout_surprises(advice_node: dict, plan: dict, gpu_info: list[dict], pod_resources: dict | None) -> list[str]:
+def rollout_surprises(
+    advice_node: dict[str, Any],
+    plan: dict[str, Any],
+    gpu_info: list[dict[str, Any]],
+    pod_resources: dict[str, Any] | None,
+) -> list[str]:
     """What changed on a node since its advice, read just before applying it (an empty list: go ahead).
 
     advice_node: one entry of the advice's `nodes`; plan: nvidia_mig's check-mode result for that node's config;

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Collection
+from typing import Any
 
 API_VERSION = "kubescheduler.config.k8s.io/v1"
 KIND = "KubeSchedulerConfiguration"
@@ -206,7 +208,7 @@ _NATIVE_RESOURCE_PREFIX = "kubernetes.io/"
 _REQUESTS_PREFIX = "requests."
 
 
-def _go_value(value):
+def _go_value(value: object) -> str:
     """A value the way Go's field errors print it (strings quoted, bools lower case)."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -215,19 +217,19 @@ def _go_value(value):
     return str(value)
 
 
-def _invalid(path, value, detail):
+def _invalid(path: str, value: object, detail: str) -> str:
     return f"{path}: Invalid value: {_go_value(value)}: {detail}"
 
 
-def _required(path):
+def _required(path: str) -> str:
     return f"{path}: Required value"
 
 
-def _duplicate(path, value):
+def _duplicate(path: str, value: object) -> str:
     return f"{path}: Duplicate value: {_go_value(value)}"
 
 
-def parse_go_duration(text):
+def parse_go_duration(text: object) -> float:
     """Seconds in a Go duration string ("500ms", "1m30s", "0"); ValueError when Go would not parse it."""
     if not isinstance(text, str):
         raise ValueError(f"{text!r} is not a duration string")
@@ -240,9 +242,9 @@ def parse_go_duration(text):
     return -seconds if text.startswith("-") else seconds
 
 
-def qualified_name_errors(name):
+def qualified_name_errors(name: str) -> list[str]:
     """k8s IsQualifiedName: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters."""
-    errors = []
+    errors: list[str] = []
     parts = name.split("/")
     if len(parts) == 1:
         short_name = parts[0]
@@ -275,7 +277,7 @@ def qualified_name_errors(name):
     return errors
 
 
-def is_extended_resource_name(name):
+def is_extended_resource_name(name: str) -> bool:
     """k8s v1helper.IsExtendedResourceName: domain-prefixed, not kubernetes.io/, not requests.*, quota-safe."""
     is_native = "/" not in name or _NATIVE_RESOURCE_PREFIX in name
     if is_native or name.startswith(_REQUESTS_PREFIX):
@@ -284,7 +286,7 @@ def is_extended_resource_name(name):
     return not qualified_name_errors(_REQUESTS_PREFIX + name)
 
 
-def _decoding_errors(value, schema, path):
+def _decoding_errors(value: Any, schema: Any, path: str) -> list[str]:
     """Strict-decoding errors: unknown fields and wrong types, as kube-scheduler's config loader reports them."""
     if isinstance(schema, tuple):
         # bool is an int in Python; Go would refuse true for an integer field.
@@ -294,7 +296,7 @@ def _decoding_errors(value, schema, path):
     if isinstance(schema, list):
         if not isinstance(value, list):
             return [f"{path}: Invalid type: expected list, got {type(value).__name__}"]
-        errors = []
+        errors: list[str] = []
         for index, item in enumerate(value):
             errors.extend(_decoding_errors(item, schema[0], f"{path}[{index}]"))
         return errors
@@ -310,27 +312,29 @@ def _decoding_errors(value, schema, path):
     return errors
 
 
-def _duration_errors(value, path):
+def _duration_errors(value: object, path: str) -> tuple[list[str], float | None]:
     try:
         return [], parse_go_duration(value)
     except ValueError as err:
         return [_invalid(path, value, str(err))], None
 
 
-def _leader_election_errors(leader_election):
+def _leader_election_errors(leader_election: dict[str, Any] | None) -> list[str]:
     """component-base ValidateLeaderElectionConfiguration plus kube-scheduler's leases-only lock rule."""
     settings = dict(DEFAULT_LEADER_ELECTION, **(leader_election or {}))
     if not settings["leaderElect"]:
         return []
     errors = []
-    durations = {}
+    durations: dict[str, float | None] = {}
     for name in ("leaseDuration", "renewDeadline", "retryPeriod"):
         path = f"leaderElection.{name}"
-        parse_errors, durations[name] = _duration_errors(settings[name], path)
+        parse_errors, duration = _duration_errors(settings[name], path)
+        durations[name] = duration
         errors.extend(parse_errors)
-        if durations[name] is not None and durations[name] <= 0:
+        if duration is not None and duration <= 0:
             errors.append(_invalid(path, settings[name], "must be greater than zero"))
-    if None not in durations.values() and durations["leaseDuration"] <= durations["renewDeadline"]:
+    lease, renew = durations["leaseDuration"], durations["renewDeadline"]
+    if None not in durations.values() and lease is not None and renew is not None and lease <= renew:
         errors.append(
             _invalid(
                 "leaderElection.leaseDuration",
@@ -348,13 +352,13 @@ def _leader_election_errors(leader_election):
     return errors
 
 
-def _percentage_errors(value, path):
+def _percentage_errors(value: Any, path: str) -> list[str]:
     if value is not None and not 0 <= value <= 100:
         return [_invalid(path, value, "not in valid range [0-100]")]
     return []
 
 
-def _defaulted_profiles(profiles):
+def _defaulted_profiles(profiles: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """kube-scheduler's v1 profile defaults: no profile means one; a lone unnamed profile is default-scheduler."""
     profiles = [dict(profile) for profile in profiles or [{}]]
     if len(profiles) == 1 and profiles[0].get("schedulerName") is None:
@@ -362,18 +366,18 @@ def _defaulted_profiles(profiles):
     return profiles
 
 
-def _profile_errors(profiles):
+def _profile_errors(profiles: list[dict[str, Any]]) -> list[str]:
     if not profiles:
         return [_required("profiles")]
     errors = []
-    first_index_by_name = {}
+    first_index_by_name: dict[Any, int] = {}  # schedulerName as given, None included
     for index, profile in enumerate(profiles):
         path = f"profiles[{index}]"
         name = profile.get("schedulerName")
         if not name:
             errors.append(_required(f"{path}.schedulerName"))
         errors.extend(_percentage_errors(profile.get("percentageOfNodesToScore"), f"{path}.percentageOfNodesToScore"))
-        seen_plugin_config = set()
+        seen_plugin_config: set[Any] = set()
         for config_index, plugin_config in enumerate(profile.get("pluginConfig") or []):
             if plugin_config.get("name") in seen_plugin_config:
                 errors.append(_duplicate(f"{path}.pluginConfig[{config_index}]", plugin_config.get("name")))
@@ -399,7 +403,7 @@ def _profile_errors(profiles):
     return errors
 
 
-def plugin_errors(profiles, out_of_tree_plugins=()):
+def plugin_errors(profiles: list[dict[str, Any]], out_of_tree_plugins: Collection[str] = ()) -> list[str]:
     """Enabled plugins the scheduler binary does not register: kube-scheduler's framework refuses to start."""
     known = IN_TREE_PLUGINS | set(out_of_tree_plugins)
     errors = []
@@ -413,13 +417,13 @@ def plugin_errors(profiles, out_of_tree_plugins=()):
     return errors
 
 
-def gpuscore_errors(profiles):
+def gpuscore_errors(profiles: list[dict[str, Any]]) -> list[str]:
     """GPUScore enabled only in part, or given args it does not know (a typo would silently keep a default)."""
     errors = []
     for index, profile in enumerate(profiles):
         plugins = profile.get("plugins") or {}
 
-        def enabled(point, plugins=plugins):
+        def enabled(point: str, plugins: dict[str, Any] = plugins) -> bool:
             return any(p.get("name") == GPUSCORE for p in (plugins.get(point) or {}).get("enabled") or [])
 
         if not any(enabled(point) for point in (*GPUSCORE_EXTENSION_POINTS, "multiPoint")):
@@ -443,11 +447,11 @@ def gpuscore_errors(profiles):
     return errors
 
 
-def extender_errors(extenders):
+def extender_errors(extenders: list[dict[str, Any]] | None) -> list[str]:
     """validateExtenders, rule for rule (field paths as kube-scheduler prints them)."""
     errors = []
     binders = 0
-    managed_resource_names = set()
+    managed_resource_names: set[str] = set()
     for index, extender in enumerate(extenders or []):
         path = f"extenders[{index}]"
         weight = extender.get("weight", 0)
@@ -477,7 +481,7 @@ def extender_errors(extenders):
     return errors
 
 
-def scheduler_config_errors(config, out_of_tree_plugins=()):
+def scheduler_config_errors(config: object, out_of_tree_plugins: Collection[str] = ()) -> list[str]:
     """Every reason kube-scheduler would refuse to start with `config` (a dict); an empty list when it is valid.
 
     `out_of_tree_plugins` names the plugins the scheduler binary registers besides the in-tree ones (GPUScore for
@@ -530,10 +534,10 @@ class ManifestError(ValueError):
     """The static pod manifest is not the kube-scheduler Pod this patch expects."""
 
 
-def _scheduler_container(manifest, container_name):
+def _scheduler_container(manifest: object, container_name: str) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("kind") != "Pod":
         raise ManifestError("the kube-scheduler static pod manifest must be a single Pod object")
-    containers = (manifest.get("spec") or {}).get("containers") or []
+    containers: list[dict[str, Any]] = (manifest.get("spec") or {}).get("containers") or []
     for container in containers:
         if container.get("name") == container_name:
             return container
@@ -541,9 +545,10 @@ def _scheduler_container(manifest, container_name):
     raise ManifestError(f"no container named {container_name!r} in the static pod manifest (containers: {names})")
 
 
-def _ensure_named(items, entry):
+def _ensure_named(items: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
     """`items` with `entry` in place of the item of the same name (appended when there is none), one per name."""
-    result, placed = [], False
+    result: list[dict[str, Any]] = []
+    placed = False
     for item in items:
         if item.get("name") != entry["name"]:
             result.append(item)
@@ -553,9 +558,10 @@ def _ensure_named(items, entry):
     return result if placed else [*result, entry]
 
 
-def _without_config_flag(arguments):
+def _without_config_flag(arguments: list[Any]) -> list[Any]:
     """The arguments minus any `--config=X` or `--config X` flag."""
-    kept, skip_value = [], False
+    kept: list[Any] = []
+    skip_value = False
     for argument in arguments:
         if skip_value:
             skip_value = False
@@ -566,7 +572,7 @@ def _without_config_flag(arguments):
     return kept
 
 
-def _flags_field(container):
+def _flags_field(container: dict[str, Any]) -> str:
     """kubeadm passes kube-scheduler's flags in `command`; other installers put them in `args`."""
     if any(str(a).startswith("--") for a in container.get("command") or []):
         return "command"
@@ -574,14 +580,14 @@ def _flags_field(container):
 
 
 def patch_static_pod_manifest(
-    manifest,
-    config_file,
-    config_dir,
-    config_hash,
-    volume_name="gpufleet-scheduler-config",
-    hash_annotation="gpufleet.io/scheduler-config-hash",
-    container_name="kube-scheduler",
-):
+    manifest: dict[str, Any],
+    config_file: str,
+    config_dir: str,
+    config_hash: str,
+    volume_name: str = "gpufleet-scheduler-config",
+    hash_annotation: str = "gpufleet.io/scheduler-config-hash",
+    container_name: str = "kube-scheduler",
+) -> dict[str, Any]:
     """A copy of kubeadm's kube-scheduler Pod manifest that runs with `--config=<config_file>`.
 
     Idempotent: patching a patched manifest with the same arguments returns an equal object. Adds (or replaces)

@@ -16,9 +16,15 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 
 from .exceptions import MigError
 
+# Both optional (see missing_dependencies). protoc's generated module creates its message classes at import
+# time, where mypy cannot see them (grpcio has no type information either: mypy.ini).
+pb: Any
+_GRPC_IMPORT_ERROR: str | None
+_PB_IMPORT_ERROR: str | None
 try:
     import grpc
 except ImportError as exc:  # reported by missing_dependencies(); module_utils must import without grpcio
@@ -72,7 +78,7 @@ class DeviceAllocation:
     pod: str
     container: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, str]:
         return {
             "resource_name": self.resource_name,
             "device_id": self.device_id,
@@ -97,7 +103,7 @@ class PodResourcesReading:
             for resource, ids in sorted(self.allocatable.items())
         }
 
-    def pods(self) -> list[dict]:
+    def pods(self) -> list[dict[str, Any]]:
         """Pods holding devices, with each container's device IDs per resource name."""
         by_pod: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
         for a in self.allocations:
@@ -115,7 +121,7 @@ class PodResourcesReading:
             for (namespace, name), containers in sorted(by_pod.items())
         ]
 
-    def devices(self) -> dict[str, dict]:
+    def devices(self) -> dict[str, dict[str, Any]]:
         """Every device ID seen (allocatable or allocated), keyed by ID: its resource, MIG profile, holder."""
         holders = {a.device_id: a for a in self.allocations}
         result = {}
@@ -135,7 +141,7 @@ def mig_profile(resource_name: str) -> str | None:
     return None
 
 
-def _device_entry(resource: str, holder: DeviceAllocation | None, allocatable: bool) -> dict:
+def _device_entry(resource: str, holder: DeviceAllocation | None, allocatable: bool) -> dict[str, Any]:
     return {
         "resource_name": resource,
         "mig_profile": mig_profile(resource),
@@ -176,7 +182,8 @@ def check_socket(path: str) -> None:
         probe.close()
 
 
-def _call(channel, method: str, request, response_type, timeout: float, path: str):
+def _call(channel: Any, method: str, request: Any, response_type: Any, timeout: float, path: str) -> Any:
+    """One unary call (grpc channels and protobuf messages are untyped here); gRPC failures as PodResourcesError."""
     call = channel.unary_unary(
         f"/{SERVICE}/{method}",
         request_serializer=type(request).SerializeToString,

@@ -33,6 +33,7 @@ FIRST_SNAPSHOT_WAIT_SECONDS = 0.05
 
 def build_source(settings: Settings) -> MetricsSource:
     if settings.METRICS_SOURCE is MetricsSourceKind.FILE:
+        assert settings.METRICS_FILE is not None  # Settings refuses METRICS_SOURCE=file without METRICS_FILE
         return FileSource(
             settings.METRICS_FILE, settings.NODE_NAME_LABELS, max_skew=settings.METRICS_MAX_CLOCK_SKEW_SECONDS
         )
@@ -57,7 +58,7 @@ def create_app(
     telemetry = Telemetry()
     extenders: list[Extender] = []  # the lifespan's, once it runs
     warmed = {"version": -1}
-    warm_tasks: set[asyncio.Task] = set()  # referenced until done (the loop keeps only weak references)
+    warm_tasks: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps only weak references)
 
     def on_update(snapshot: MetricsSnapshot) -> None:
         telemetry.nodes_with_metrics.set(len(snapshot.nodes))

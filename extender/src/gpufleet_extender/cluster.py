@@ -66,8 +66,8 @@ def _bound_pod(obj: Mapping[str, Any], seen_at: float) -> BoundPod | None:
         _parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
         for cs in status.get("containerStatuses") or []
     ]
-    starts = [s for s in starts if s is not None]
-    return BoundPod(node, request, bound_at, min(starts) if starts else None)
+    started = [s for s in starts if s is not None]
+    return BoundPod(node, request, bound_at, min(started) if started else None)
 
 
 _CHANGES_KEPT = 4096  # per-version records of touched nodes; a reader further behind starts over

@@ -26,10 +26,11 @@ import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from gpufleet_extender.config import Settings, SettingsError
 from gpufleet_extender.metrics_source import PrometheusSource
@@ -78,11 +79,26 @@ MIGS = ("nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.4
 RESOURCES = (GPU, *MIGS)
 
 
+class _Tenants(TypedDict):
+    """A case's tenant pools: the pod's namespace, that namespace's tenant, each labelled node's tenant."""
+
+    namespace: str
+    namespaceTenant: str | None
+    nodeTenants: dict[str, str]
+
+
 class _ArgsOnly(Settings):
     """Settings from the given values alone: the generator's output must not depend on the environment."""
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, **other_sources):
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings,)
 
 
@@ -206,7 +222,7 @@ def _decisions(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
         modes = None
         if policy.strategy == "auto" and rng.random() < 0.8:
             modes = {res: rng.choice([Mode.PACK, Mode.SPREAD]) for res in present if rng.random() < 0.7}
-        tenants = None
+        tenants: _Tenants | None = None
         if rng.random() < 0.3:
             pools = ["a", "b"]
             tenants = {
@@ -313,7 +329,11 @@ def _prometheus(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
             if rng.random() < 0.7
         ]
         now, max_skew = queried_at + 0.25, rng.choice([5.0, 5.0, 0.0, 2.0])
-        source = PrometheusSource("http://127.0.0.1:9", node_labels, 1.0, clock=lambda now=now: now, max_skew=max_skew)
+
+        def clock(now: float = now) -> float:
+            return now
+
+        source = PrometheusSource("http://127.0.0.1:9", node_labels, 1.0, clock=clock, max_skew=max_skew)
         try:
             snapshot, _ = source._build(series, times, queried_at, 1)
         finally:

@@ -10,7 +10,8 @@ from gpufleet_extender.service import Extender
 
 
 def get_extender(request: Request) -> Extender:
-    return request.app.state.extender
+    extender: Extender = request.app.state.extender
+    return extender
 
 
 ExtenderDep = Annotated[Extender, Depends(get_extender)]

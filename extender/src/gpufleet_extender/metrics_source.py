@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -184,7 +184,8 @@ def parse_exposition(text: str) -> Iterator[Sample]:
         if family.name not in wanted:
             continue
         for sample in family.samples:
-            yield Sample(sample.name, sample.labels, float(sample.value), sample.timestamp)
+            # The text-format parser gives float timestamps; Timestamp objects come only from the OpenMetrics parser.
+            yield Sample(sample.name, sample.labels, float(sample.value), cast("float | None", sample.timestamp))
 
 
 def load_file(
@@ -238,7 +239,7 @@ class FileSource:
         signature = (stat.st_mtime_ns, stat.st_size)
         if signature == self._seen:
             return None
-        snapshot = None
+        snapshot: MetricsSnapshot | None = None
         if stat.st_size >= WORKER_MIN_BYTES and self._worker.usable:
             try:
                 nodes, report = await self._worker.load(str(self.path), self._node_labels, stat.st_mtime)
@@ -246,7 +247,8 @@ class FileSource:
             except WorkerUnavailable as exc:
                 log.warning("%s: parsing METRICS_FILE in a thread, requests will wait on it", exc)
         if snapshot is None:  # small: a thread is quicker than a round trip to the worker
-            snapshot, report = await asyncio.to_thread(self._load, stat.st_mtime, version)
+            loaded = await asyncio.to_thread(self._load, stat.st_mtime, version)
+            snapshot, report = loaded  # unpacked apart from the await, which mypy would not narrow through
         snapshot = drop_future_nodes(snapshot, self._clock(), self._max_skew, report)
         self._seen = signature
         self._previous = snapshot

@@ -374,6 +374,7 @@ def evaluate_node(
             return part
         if verdict is None or part.score < verdict.score:
             verdict = part
+    assert verdict is not None  # request is not empty: the loop ran at least once
     return verdict
 
 

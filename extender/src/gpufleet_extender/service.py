@@ -12,6 +12,7 @@ that moment. Tables are kept per pod shape in least-recently-used order.
 from __future__ import annotations
 
 import asyncio
+import enum
 import heapq
 import math
 import time
@@ -19,7 +20,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterable
 from itertools import compress
 from operator import attrgetter, not_
-from typing import Any
+from typing import Any, Final, TypeVar
 
 from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import Settings
@@ -44,20 +45,29 @@ from gpufleet_extender.wire import HostPriority, SchedulingRequest, decode_args,
 MAX_SHAPES = 128  # decision tables kept, least recently used dropped first
 WARM_SHAPES = 8  # tables filled in the background after a new snapshot; others fill on demand
 _WARM_CHUNK = 64  # nodes evaluated between two yields to the event loop while warming
-_NO_TENANT = object()
+
+
+class _NoTenant(enum.Enum):
+    """The type of _NO_TENANT: tenant pools do not apply (a namespace's tenant itself may be None)."""
+
+    NO_TENANT = enum.auto()
+
+
+_NO_TENANT: Final = _NoTenant.NO_TENANT
 _outcome_of = attrgetter("outcome")
 _reason_of = attrgetter("reason")
+_V = TypeVar("_V")
 
 
-class _ByName(dict):
+class _ByName(dict[str, _V]):
     """name -> value, computing (and keeping) the value of a name seen for the first time."""
 
-    def __init__(self, compute: Callable[[str], object], limit: Callable[[], int]):
+    def __init__(self, compute: Callable[[str], _V], limit: Callable[[], int]):
         super().__init__()
         self._compute = compute
         self._limit = limit  # junk names in bad requests must not grow the table without end
 
-    def __missing__(self, name: str) -> object:
+    def __missing__(self, name: str) -> _V:
         value = self._compute(name)
         if len(self) < self._limit():
             self[name] = value
@@ -131,7 +141,9 @@ class _AnswerMemo:
             return None
         return entry[2], entry[3]
 
-    def put(self, verb: str, table: DecisionTable, names_json: bytes, answer: bytes, outcomes: dict[str, Any]) -> None:
+    def put(
+        self, verb: str, table: DecisionTable, names_json: bytes, answer: bytes, outcomes: dict[Outcome, int]
+    ) -> None:
         self._entries[(verb, id(table), names_json)] = (table, table.epoch, answer, outcomes)
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
@@ -185,7 +197,8 @@ class Extender:
     def _sync(self, now: float) -> None:
         """Drop the entries that a new snapshot, the cluster's changes or time alone made untrue."""
         self._now = now
-        touched: set[str] | None = set()
+        touched: set[str] | None
+        touched = set()
         snapshot = self._snapshot()
         seen = self._seen_snapshot
         if snapshot.version != seen.version:
@@ -256,7 +269,7 @@ class Extender:
     def _entry_limit(self) -> int:
         return 2 * len(self._seen_snapshot.nodes) + 1024
 
-    def _table(self, request: GpuRequest, namespace_tenant: object, namespace: str) -> DecisionTable:
+    def _table(self, request: GpuRequest, namespace_tenant: str | _NoTenant | None, namespace: str) -> DecisionTable:
         key = (request, namespace_tenant, namespace if namespace_tenant is not _NO_TENANT else "")
         table = self._tables.get(key)
         if table is not None:
@@ -266,6 +279,7 @@ class Extender:
 
         def verdict_of(name: str) -> NodeVerdict:
             if namespace_tenant is not _NO_TENANT:
+                assert cluster is not None  # _namespace_tenant gives a tenant only when there is a cluster
                 reason = tenant_mismatch(name, cluster.node_tenant(name), namespace, namespace_tenant)
                 if reason:
                     return NodeVerdict(False, 0, Outcome.TENANT_MISMATCH, reason)
@@ -303,7 +317,7 @@ class Extender:
         assumed, _ = self.cluster.assumed_load(self._snapshot(), self._clock())
         return float(sum(sum(per_resource.values()) for per_resource in assumed.values()))
 
-    def _namespace_tenant(self, request: SchedulingRequest) -> object:
+    def _namespace_tenant(self, request: SchedulingRequest) -> str | _NoTenant | None:
         """The pod namespace's tenant when tenant pools apply to NodeNames requests, else _NO_TENANT."""
         if request.nodes.full or not (self.settings.TENANT_POOLS and self.cluster and self.cluster.nodes_known):
             return _NO_TENANT
@@ -325,9 +339,11 @@ class Extender:
         known, tenant = self.cluster.namespace_tenant(namespace)
         if not known:
             return {}
+        node_labels = request.nodes.labels
+        assert node_labels is not None  # the Nodes form carries each node's labels
         failures = {}
         for index in passed:
-            labels = request.nodes.labels[index] or {}
+            labels = node_labels[index] or {}
             reason = tenant_mismatch(
                 request.nodes.names[index], labels.get(self.settings.TENANT_LABEL), namespace, tenant
             )
@@ -342,12 +358,12 @@ class Extender:
         request = decode_args(body)
         _, table = self._decide(request)
         names_json = request.nodes.names_json if table is not None else None
-        memo = self._memo.get("filter", table, names_json) if names_json is not None else None
+        memo = self._memo.get("filter", table, names_json) if names_json is not None and table is not None else None
         if memo is not None:
             answer, outcomes = memo
         else:
             answer, outcomes = self._filter(request, table)
-            if names_json is not None:
+            if names_json is not None and table is not None:
                 self._memo.put("filter", table, names_json, answer, outcomes)
         for outcome, count in outcomes.items():
             if count:

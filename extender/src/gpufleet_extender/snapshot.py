@@ -111,7 +111,7 @@ def node_from_row(row: NodeRow) -> NodeMetrics:
     )
 
 
-def snapshot_of(nodes: Mapping[str, NodeMetrics], taken_at: float, version: int) -> MetricsSnapshot:
+def snapshot_of(nodes: Mapping[str, NodeMetrics], taken_at: float | None, version: int) -> MetricsSnapshot:
     return MetricsSnapshot(
         nodes=MappingProxyType(dict(nodes)),
         taken_at=taken_at,

@@ -16,7 +16,7 @@ it). Full Node objects are kept as raw JSON so the filter answer returns them by
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -105,6 +105,8 @@ _args_decoder = msgspec.json.Decoder(ExtenderArgs)
 _names_decoder = msgspec.json.Decoder(list[str] | None)
 _node_list_decoder = msgspec.json.Decoder(RawNodeList | None)
 _node_decoder = msgspec.json.Decoder(NodeView)
+
+_T = TypeVar("_T")
 _encoder = msgspec.json.Encoder()
 
 
@@ -136,6 +138,7 @@ class CandidateNodes:
     @property
     def names(self) -> list[str]:
         if self._names is None:
+            assert self.names_json is not None  # a CandidateNodes is built with names or with names_json
             self._names = _decode_part(_names_decoder, self.names_json, "NodeNames") or []
         return self._names
 
@@ -167,6 +170,7 @@ def decode_args(body: bytes) -> SchedulingRequest:
     # an answer must not carry invalid UTF-8 that came in.
     _require_utf8(args.Nodes, "Nodes")
     nodes = _decode_part(_node_list_decoder, args.Nodes, "Nodes")
+    assert nodes is not None  # has_nodes: Nodes is not null
     raw_items = nodes.items or []
     names: list[str] = []
     labels: list[dict[str, str] | None] = []
@@ -179,7 +183,7 @@ def decode_args(body: bytes) -> SchedulingRequest:
     return SchedulingRequest(args.Pod, CandidateNodes(names, raw=raw_items, labels=labels))
 
 
-def _decode(decoder: msgspec.json.Decoder, raw: bytes | msgspec.Raw, shape_prefix: str, json_prefix: str):
+def _decode(decoder: msgspec.json.Decoder[_T], raw: bytes | msgspec.Raw, shape_prefix: str, json_prefix: str) -> _T:
     """``decoder.decode(raw)``, every way it can fail turned into a WireError (422 shape, 400 not JSON)."""
     try:
         return decoder.decode(raw)
@@ -191,7 +195,7 @@ def _decode(decoder: msgspec.json.Decoder, raw: bytes | msgspec.Raw, shape_prefi
         raise WireError(f"{json_prefix}malformed JSON: nested too deeply", 400) from None
 
 
-def _decode_part(decoder: msgspec.json.Decoder, raw: bytes | msgspec.Raw, field: str):
+def _decode_part(decoder: msgspec.json.Decoder[_T], raw: bytes | msgspec.Raw, field: str) -> _T:
     try:
         return _decode(decoder, raw, f"ExtenderArgs.{field}: ", f"ExtenderArgs.{field}: ")
     except WireError as exc:
@@ -219,7 +223,7 @@ def encode_filter_result(
 
     ``passed`` are indexes into ``nodes``, None when every node passed.
     """
-    if nodes.full:
+    if nodes.raw is not None:  # nodes.full
         items = nodes.raw if passed is None else [nodes.raw[i] for i in passed]
         result = ExtenderFilterResult(
             Nodes=NodeListOut(items=items),

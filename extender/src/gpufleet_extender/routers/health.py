@@ -27,7 +27,7 @@ router.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
 async def readyz(extender: ExtenderDep, request: Request) -> JSONResponse:
     age = extender.metrics_age()
     # Lists/watches the Kubernetes API refuses (missing RBAC): decisions would ignore what they feed.
-    refused = getattr(request.app.state, "kube_api_refused", dict)()
+    refused: dict[str, str] = getattr(request.app.state, "kube_api_refused", dict)()
     body = {
         "ready": extender.ready() and not refused,
         "loading": extender.loading(),

@@ -119,7 +119,7 @@ def summarise_capacity(
         free_gpus_by_pool={pool: statistics.fmean(v) for pool, v in sorted(free.items())},
         largest_placeable_mean={pool: statistics.fmean(v) for pool, v in sorted(largest.items())},
         largest_placeable_min={pool: min(v) for pool, v in sorted(largest.items())},
-        pack_share=by_mode.get("pack", 0) / placements if placements else None,
+        pack_share=by_mode.get("pack", 0) / placements if by_mode and placements else None,
     )
 
 

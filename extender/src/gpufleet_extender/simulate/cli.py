@@ -255,7 +255,8 @@ def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) 
 
 def _default_policies(args: argparse.Namespace) -> list[str]:
     if args.policies:
-        return args.policies
+        policies: list[str] = args.policies
+        return policies
     if not args.trace and args.scenario in ("quiet-night", "peak-hour"):
         return list(STRATEGY_POLICIES)
     if not args.trace and args.scenario == TP_SCENARIO:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
@@ -110,7 +110,9 @@ def workload_for(resource: str) -> WorkloadClass:
     return SMALL if compute == "1" else IMAGE_BURST
 
 
-def _arrival_times(rng: random.Random, rate: Callable[[float], float], peak_rate: float, duration: float):
+def _arrival_times(
+    rng: random.Random, rate: Callable[[float], float], peak_rate: float, duration: float
+) -> Iterator[float]:
     """Non-homogeneous Poisson arrivals in [0, duration) by thinning."""
     if peak_rate <= 0:
         return
@@ -204,7 +206,11 @@ def generate_trace(
         for _ in range(round(running_at_start)):
             add(stream, rng.uniform(0, 60), life=rng.random())
         peak = max(stream.rate(duration * i / 200, duration, curve) for i in range(201))
-        for arrival in _arrival_times(rng, lambda t, s=stream: s.rate(t, duration, curve), peak, duration):
+
+        def rate(t: float, s: _Stream = stream) -> float:
+            return s.rate(t, duration, curve)
+
+        for arrival in _arrival_times(rng, rate, peak, duration):
             for _ in range(rng.randint(*stream.work.burst) if stream.work.burst else 1):
                 add(stream, arrival + (rng.uniform(0, 20) if stream.work.burst else 0.0))
     return make_trace(pods, source=f"generated: {scenario}, seed {seed}, {duration / 3600:g} h")

@@ -101,7 +101,7 @@ class RunResult:
     sample_times: list[float] = field(default_factory=list)
     node_load: list[list[float]] = field(default_factory=list)  # per sample, per node (node_names order)
     device_load: array[Any] = field(default_factory=lambda: array("d"))  # every device at every sample
-    probes: dict[str, list] = field(default_factory=dict)  # extra series from Probe objects, by name
+    probes: dict[str, list[Any]] = field(default_factory=dict)  # extra series from Probe objects, by name
 
 
 class Probe:

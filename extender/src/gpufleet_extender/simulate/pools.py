@@ -14,13 +14,19 @@ goal lines.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE
 from gpufleet_extender.simulate.metrics import GoalCheck, coefficient_of_variation, percentile
 from gpufleet_extender.simulate.model import RunResult
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+_Group = TypeVar("_Group", str, int)  # a bar group: a pool name or a pod size
 
 GOAL_SHARED_HOT_RATIO = 0.2  # load's hot placements at most this x count's (shared devices)
 GOAL_SHARED_COV_RATIO = 0.5  # load's CoV in the shared pool at most this x count's
@@ -38,7 +44,7 @@ class PoolFigures:
     wait_p95_by_size: dict[str, dict[int, float | None]]  # pool -> devices asked for -> wait p95 (s)
     mean_slowdown: dict[str, float | None]  # pool -> mean extra run time share; None: no pod ended
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         document = asdict(self)
         document["wait_p95_by_size"] = {p: {str(k): v for k, v in s.items()} for p, s in self.wait_p95_by_size.items()}
         return document
@@ -211,7 +217,13 @@ def plot_pools(
     figure, axes = plt.subplots(1, 4, figsize=(20, 4.6))
     width = 0.8 / max(1, len(policies))
 
-    def bars(axis, values_of, groups, title, fmt=None):
+    def bars(
+        axis: Axes,
+        values_of: Callable[[PoolFigures, _Group], float | None],
+        groups: Sequence[_Group],
+        title: str,
+        fmt: str | None = None,
+    ) -> None:
         for index, entry in enumerate(figures):
             values = [values_of(entry, g) or 0.0 for g in groups]
             axis.bar([i + index * width for i in range(len(groups))], values, width, label=entry.policy)
@@ -238,16 +250,21 @@ def plot_pools(
         for pool in shared_pools:
             x = pools.index(pool)
             axes[1].hlines(GOAL_SHARED_COV_RATIO * count.load_cov.get(pool, 0.0), x - 0.1, x + 0.9, ls="--", colors="k")
-    if count and "slowdown" in goal_text and gpu_pool in pools and count.mean_slowdown.get(gpu_pool) is not None:
+    if (
+        count
+        and "slowdown" in goal_text
+        and gpu_pool in pools
+        and (slowdown := count.mean_slowdown.get(gpu_pool)) is not None
+    ):
         x = pools.index(gpu_pool)
-        limit = GOAL_SLOWDOWN_RATIO * count.mean_slowdown[gpu_pool]
+        limit = GOAL_SLOWDOWN_RATIO * slowdown
         axes[2].hlines(limit, x - 0.1, x + 0.9, ls="--", colors="k", lw=1, label=f"goal ({gpu_pool})")
     if spread and gpu_pool and "8-GPU" in goal_text:
         waits = spread.wait_p95_by_size.get(gpu_pool, {})
         for size, ratio in ((8, GOAL_TP8_WAIT_RATIO), (1, GOAL_TP1_WAIT_RATIO)):
-            if size in sizes and waits.get(size) is not None:
+            if size in sizes and (wait := waits.get(size)) is not None:
                 x = sizes.index(size)
-                axes[3].hlines(ratio * waits[size], x - 0.1, x + 0.9, ls="--", colors="k", lw=1)
+                axes[3].hlines(ratio * wait, x - 0.1, x + 0.9, ls="--", colors="k", lw=1)
     for axis in axes:
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=7)

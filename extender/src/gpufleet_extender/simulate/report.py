@@ -106,6 +106,7 @@ def plot_node_load(path: Path, results: Sequence[RunResult], summaries: Mapping[
         axis.set_xlabel("hours")
     labels = [f"{first.node_names[i]} ({first.node_tenants[i] or 'shared'})" for i in order]
     axes[0][0].set_yticks(range(len(order)), labels, fontsize=7)
+    assert image is not None  # results is not empty
     figure.colorbar(image, ax=axes[0].tolist(), label="node load (memory-weighted mean device load)", shrink=0.9)
     figure.suptitle("Per-node GPU load over time, by placement policy", fontsize=12)
     path.parent.mkdir(parents=True, exist_ok=True)
