@@ -30,7 +30,6 @@ import asyncio
 import gc
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ import httpx
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # extender_helpers, shared with the tests
 
 from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import Settings, load_settings
@@ -51,6 +51,7 @@ from gpufleet_extender.metrics_source import FileSource
 from gpufleet_extender.service import Extender
 from gpufleet_extender.snapshot import MetricsSnapshot, NodeMetrics
 
+from extender_helpers import free_port
 from fleet import args_body, metrics_text, node, node_name, pod
 
 
@@ -143,12 +144,6 @@ def renewed(snapshot: MetricsSnapshot) -> MetricsSnapshot:
     """The same metrics as a new snapshot with new objects: what a refresh with fresh samples looks like."""
     nodes = {name: NodeMetrics(m.name, m.sample_time, m.devices) for name, m in snapshot.nodes.items()}
     return replace(snapshot, nodes=nodes, version=snapshot.version + 1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_histogram(url: str, verb: str) -> tuple[float, float]:

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 from gpufleet_extender.config import Settings, load_settings
 from gpufleet_extender.exposition import DeviceLoad, render_exposition
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a server a test or benchmark starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def gpus(*utils: float, mem_used_mib: float = 8000.0) -> list[DeviceLoad]:

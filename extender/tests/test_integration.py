@@ -10,7 +10,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ import pytest
 
 from gpufleet_extender.exposition import render_exposition
 
-from extender_helpers import gpus, make_pod, mig, names_args, write_metrics
+from extender_helpers import free_port, gpus, make_pod, mig, names_args, write_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +30,6 @@ PROMETHEUS = os.environ.get("GPUFLEET_PROMETHEUS_BINARY", "/usr/bin/prometheus")
 GPU_POD = make_pod({"nvidia.com/gpu": "1"})
 MIG_POD = make_pod({"nvidia.com/mig-3g.40gb": "1"})
 OK = {"status": "ok"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(what: str, check, timeout: float = 20.0, interval: float = 0.2):
