@@ -30,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "extender" / "tests"))  # exposition.py: dcgm-exporter text, as the tests fake it
 
 import httpx  # noqa: E402
 from controlplane import ControlPlane, assets_dir, missing_assets  # noqa: E402

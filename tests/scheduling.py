@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import yaml
-from gpufleet_extender.exposition import DeviceLoad, render_exposition
+from exposition import DeviceLoad, render_exposition
 from kubernetes import client as k8s
 from kubernetes import watch
 from support import free_port, try_render

@@ -43,7 +43,9 @@ import httpx
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # extender_helpers, shared with the tests
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1] / "tests")
+)  # extender_helpers and exposition, shared with the tests
 
 from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import Settings, load_settings

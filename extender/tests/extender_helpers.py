@@ -6,8 +6,9 @@ import json
 import socket
 from pathlib import Path
 
+from exposition import DeviceLoad, render_exposition
+
 from gpufleet_extender.config import Settings, load_settings
-from gpufleet_extender.exposition import DeviceLoad, render_exposition
 
 
 def free_port() -> int:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from exposition import render_exposition
+
 from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import load_settings
-from gpufleet_extender.exposition import render_exposition
 from gpufleet_extender.metrics_source import parse_exposition
 from gpufleet_extender.service import Extender
 from gpufleet_extender.snapshot import build_snapshot

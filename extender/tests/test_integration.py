@@ -19,8 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from gpufleet_extender.exposition import render_exposition
+from exposition import render_exposition
 
 from extender_helpers import free_port, gpus, make_pod, mig, names_args, write_metrics
 

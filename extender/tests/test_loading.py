@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 
+from exposition import DeviceLoad
 from fastapi.testclient import TestClient
 
 from gpufleet_extender import app as app_module
 from gpufleet_extender import metrics_source
 from gpufleet_extender.app import create_app
 from gpufleet_extender.config import load_settings
-from gpufleet_extender.exposition import DeviceLoad
 from gpufleet_extender.metrics_source import FileSource, load_file
 from gpufleet_extender.snapshot import MetricsSnapshot, snapshot_of
 

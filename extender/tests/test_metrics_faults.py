@@ -16,12 +16,12 @@ import threading
 import time
 
 import pytest
+from exposition import render_exposition
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet_extender.app import create_app
 from gpufleet_extender.config import load_settings
-from gpufleet_extender.exposition import render_exposition
 
 from extender_helpers import gpus, make_pod, names_args
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from exposition import DeviceLoad, render_exposition
 
-from gpufleet_extender.exposition import DeviceLoad, render_exposition
 from gpufleet_extender.metrics_source import parse_exposition
 from gpufleet_extender.snapshot import Sample, build_snapshot
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from exposition import render_exposition
 
 from gpufleet_extender.config import SettingsError, load_settings
-from gpufleet_extender.exposition import render_exposition
 from gpufleet_extender.metrics_source import parse_exposition
 from gpufleet_extender.pods import ResourceRequest
 from gpufleet_extender.scoring import (

@@ -28,6 +28,7 @@ from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "extender" / "tests"))  # exposition.py: dcgm-exporter text, as the tests fake it
 
 from controlplane import ControlPlane, assets_dir, missing_assets  # noqa: E402
 from scheduling import BindingWatch, node_status, register_node  # noqa: E402

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 from conftest import REPO, FakeKubelet, ensure_namespace, kubeconfig_for_token, wait_for
-from gpufleet_extender.exposition import DeviceLoad, render_exposition
+from exposition import DeviceLoad, render_exposition
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 from support import free_port, try_render

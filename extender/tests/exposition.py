@@ -1,4 +1,4 @@
-"""Write dcgm-exporter-shaped Prometheus text: the METRICS_FILE format, and the fake exporter of tests.
+"""Write dcgm-exporter-shaped Prometheus text: the METRICS_FILE format, as the tests and benchmarks fake it.
 
 Metric names, HELP texts and labels are those of NVIDIA's dcgm-exporter (default counters). Whole GPUs
 get ``DCGM_FI_DEV_GPU_UTIL`` (percent); MIG instances carry ``GPU_I_PROFILE``/``GPU_I_ID`` and get
