@@ -68,7 +68,8 @@ lab: venv collection-link
 	@rm -rf $(LAB_DIR)/rebalance && mkdir -p $(LAB_DIR)/rebalance && cp -r $(LAB_DIR)/nvml $(LAB_DIR)/rebalance/
 	@ANSIBLE_STDOUT_CALLBACK=gpufleet.mig.phases \
 	  ansible-playbook -i inventories/lab playbooks/mig-rebalance.yml -e gpufleet_lab_dir=$(CURDIR)/$(LAB_DIR)/rebalance \
-	  -e mig_rebalance_pool=tenant_finnlp -e '{"mig_rebalance_demand": {"3g.40gb": 4, "2g.20gb": 4}}'
+	  -e mig_rebalance_pool=tenant_finnlp -e '{"mig_rebalance_demand": {"3g.40gb": 4, "2g.20gb": 4}}' \
+	  -e mig_rebalance_report_file=$(CURDIR)/$(LAB_DIR)/rebalance/advice.txt
 	@# Would the load-aware extender place this fleet's pods better than counting GPUs? (docs/simulator.md)
 	@echo "Placement simulator: mixed 4 h trace, count / random-fit / load / load-no-inflight -> $(LAB_DIR)/sim/"
 	@gpufleet-extender simulate --inventory inventories/lab --output $(LAB_DIR)/sim --seed 1 --quiet \
