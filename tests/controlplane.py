@@ -147,6 +147,19 @@ class Pki:
         return str(self.directory / name)
 
 
+def serving_files(directory: Path, stem: str, server_names: tuple[str, ...]) -> dict[str, Path]:
+    """A CA of its own and a serving certificate it signed for `server_names`, as a kubernetes.io/tls Secret holds
+    them: {"ca.crt", "tls.crt", "tls.key"} -> files in `directory` (prefixed with `stem`)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_cert = _issue(None, None, _name(f"{stem}-ca"), is_ca=True)
+    key, cert = _issue(ca_key, ca_cert, _name(stem), server_names=server_names)
+    files = {name: directory / f"{stem}-{name}" for name in ("ca.crt", "tls.crt", "tls.key")}
+    files["ca.crt"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    files["tls.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(files["tls.key"], key)
+    return files
+
+
 # --- the control plane -------------------------------------------------------------------------------------------
 @dataclass
 class ControlPlane:

@@ -148,6 +148,26 @@ def test_bad_settings_stop_the_server_with_exit_code_2(tmp_path):
     assert "ON_MISSING_METRICS" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("tls_args", "says"),
+    [
+        (["--tls-cert-file", "/nonexistent/tls.crt"], "--tls-cert-file and --tls-key-file go together"),
+        (["--tls-client-ca-file", "/nonexistent/ca.crt"], "--tls-client-ca-file needs --tls-cert-file"),
+        (["--tls-cert-file", "/nonexistent/tls.crt", "--tls-key-file", "/nonexistent/tls.key"], "cannot use the TLS"),
+    ],
+)
+def test_unusable_tls_files_stop_the_server_with_exit_code_2(tls_args, says):
+    result = subprocess.run(
+        [sys.executable, "-m", "gpufleet_extender", "serve", "--port", str(free_port()), *tls_args],
+        env={**os.environ, "KUBE_API": "off"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.fixture
 def prometheus_binary() -> str:
     if shutil.which(PROMETHEUS) is None:
