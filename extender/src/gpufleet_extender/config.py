@@ -45,6 +45,11 @@ class MissingMetricsPolicy(StrEnum):
     DENY = "deny"
 
 
+class FilterReasons(StrEnum):
+    DETAILED = "detailed"  # node names, loads and pools in each reason (a single-tenant cluster, debugging)
+    GENERIC = "generic"  # one sentence per outcome; the details go to the extender's log
+
+
 class KubeApiMode(StrEnum):
     AUTO = "auto"  # in-cluster when running in a pod, else $KUBECONFIG or ~/.kube/config when present
     OFF = "off"
@@ -77,6 +82,9 @@ class Settings(BaseSettings):
     # dcgm-exporter names the host label `Hostname` in released images and `hostname` in newer ones.
     NODE_NAME_LABELS: Annotated[tuple[str, ...], NoDecode] = ("Hostname", "hostname")
     MAX_BODY_BYTES: int = Field(4 * 1024 * 1024, ge=1024)
+    # FailedNodes reasons end up in the pod's FailedScheduling event, which the pod's tenant reads: "generic" keeps
+    # other pools' node names and loads out of it.
+    FILTER_REASONS: FilterReasons = FilterReasons.DETAILED
     TENANT_LABEL: str = "gpufleet.io/tenant"
     TENANT_POOLS: bool = True
     KUBE_API: KubeApiMode = KubeApiMode.AUTO
