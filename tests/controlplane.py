@@ -167,6 +167,8 @@ class ControlPlane:
 
     workdir: Path
     assets: Path = field(default_factory=assets_dir)
+    # An apiserver.config.k8s.io AdmissionConfiguration (--admission-control-config-file), or None.
+    admission_config: dict | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
 
@@ -254,9 +256,15 @@ class ControlPlane:
         self._wait("etcd", lambda: httpx.get(f"http://127.0.0.1:{client}/health", timeout=2).status_code == 200)
 
     def start_apiserver(self) -> None:
+        extra = []
+        if self.admission_config is not None:
+            path = self.workdir / "admission-config.yaml"
+            path.write_text(yaml.safe_dump(self.admission_config))
+            extra.append(f"--admission-control-config-file={path}")
         self._spawn(
             "kube-apiserver",
             [
+                *extra,
                 f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
