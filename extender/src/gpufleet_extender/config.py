@@ -67,6 +67,11 @@ class Settings(BaseSettings):
 
     PROMETHEUS_URL: str = "http://127.0.0.1:9090"
     PROMETHEUS_TIMEOUT_SECONDS: float = Field(2.0, gt=0, le=60)
+    # The dcgm series are read only from this scrape job and namespace (the labels Prometheus gives the exporter's
+    # targets); empty: any. Pinned, an exporter that someone else runs (a tenant's, under its own job or in its own
+    # namespace) cannot feed the extender. See docs/tenants.md for keeping those labels honest.
+    EXPORTER_JOB: str = ""
+    EXPORTER_NAMESPACE: str = ""
     GPU_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = 0.8
     MEM_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
     WEIGHT_GPU_UTIL: Fraction = 0.7
