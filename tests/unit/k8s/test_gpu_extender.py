@@ -256,6 +256,8 @@ def test_one_api_feature_is_enough_for_the_read_only_role(tmp_path, small_invent
         ({"gpu_extender_cluster_ip": "extender.local"}, "an IP address or null (got"),
         ({"gpu_extender_prometheus_url": "prometheus:9090"}, "(got prometheus:9090)"),
         ({"gpu_extender_replicas": 2, "gpu_extender_pdb_min_available": 2}, "gpu_extender_pdb_min_available"),
+        ({"gpu_extender_image_digest": "sha256:ABC"}, 'sha256:<64 lower-case hex> or null (got "sha256:ABC")'),
+        ({"gpu_extender_tls_source": "vault"}, "must be cert-manager or secret (got vault)"),
     ],
 )
 def test_bad_settings_fail_with_a_clear_message(tmp_path, extra, shown):
@@ -292,9 +294,13 @@ def test_tls_serves_from_the_secret_cert_manager_issues(lab, tmp_path):
 
     own = tls_objects(tmp_path / "own", "inventories/lab", {"gpu_extender_tls_source": "secret"})
     assert own == {}
-    plain = render_extender(tmp_path / "plain", "inventories/lab", {"gpu_extender_tls_enabled": False})
+    digest = "sha256:" + "0123456789abcdef" * 4
+    plain = render_extender(
+        tmp_path / "plain", "inventories/lab", {"gpu_extender_tls_enabled": False, "gpu_extender_image_digest": digest}
+    )
     container = plain["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert "args" not in container and container["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
+    assert container["image"] == f"gpufleet-extender:0.1.0@{digest}"  # pinned: the tag stays readable
 
 
 # --- apply mode -------------------------------------------------------------------------------------------------
