@@ -6,6 +6,7 @@ The KubeSchedulerConfiguration is checked here against an independent strict pyd
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -568,6 +569,8 @@ def apply_static_pod(tmp_path: Path, node, extra_vars: dict | None = None, check
         "gpufleet_k8s_mode": "apply",
         "kube_scheduler_mode": "static_pod",
         "gpu_extender_cluster_ip": CLUSTER_IP,
+        # Inline: apply mode would otherwise read the extender's CA from the cluster (there is none here).
+        "kube_scheduler_extender_tls_ca": (KUBEADM_MANIFEST.parent / "extender-ca.crt").read_text(),
         "kube_scheduler_static_pod_manifest": str(node.manifest),
         "kube_scheduler_config_dir": str(node.config_dir),
         "kube_scheduler_livez_url": node.url,
@@ -618,6 +621,14 @@ def test_static_pod_rollout_is_idempotent_and_rolls_back_a_refused_config(tmp_pa
     assert yaml.safe_load(config)["extenders"][0]["managedResources"] == [
         {"name": "nvidia.com/gpu", "ignoredByScheduler": False}
     ]
+    # https to the ClusterIP, the certificate checked against the Service's name and the CA given inline.
+    extender = yaml.safe_load(config)["extenders"][0]
+    ca = (KUBEADM_MANIFEST.parent / "extender-ca.crt").read_bytes()
+    assert extender["urlPrefix"] == f"https://{CLUSTER_IP}:8000"
+    assert extender["tlsConfig"] == {
+        "serverName": "gpufleet-extender.gpufleet-system.svc",
+        "caData": base64.b64encode(ca).decode(),
+    }
     backups = sorted(p.name for p in (node.config_dir / "backup").iterdir())
     assert [name.split(".yaml.")[0] for name in backups] == ["kube-scheduler"]  # no config existed before
     assert (node.config_dir / "backup" / backups[0]).read_bytes() == KUBEADM_MANIFEST.read_bytes()
