@@ -257,7 +257,6 @@ def test_one_api_feature_is_enough_for_the_read_only_role(tmp_path, small_invent
         ({"gpu_extender_prometheus_url": "prometheus:9090"}, "(got prometheus:9090)"),
         ({"gpu_extender_replicas": 2, "gpu_extender_pdb_min_available": 2}, "gpu_extender_pdb_min_available"),
         ({"gpu_extender_image_digest": "sha256:ABC"}, 'sha256:<64 lower-case hex> or null (got "sha256:ABC")'),
-        ({"gpu_extender_tls_source": "vault"}, "must be cert-manager or secret (got vault)"),
     ],
 )
 def test_bad_settings_fail_with_a_clear_message(tmp_path, extra, shown):
@@ -312,7 +311,6 @@ def test_apply_mode_reaches_the_api_server(tmp_path):
     extra = {
         "gpufleet_k8s_mode": "apply",
         "gpufleet_kubeconfig": closed_port_kubeconfig(tmp_path),
-        "gpu_extender_tls_source": "secret",  # else the look for cert-manager's CRD is the first call
     }
     result = run_extender(tmp_path, inventory, extra, check_mode=True)
     output = result.stdout + result.stderr
