@@ -295,6 +295,9 @@ def test_lab_renders_the_plugin_scheduler_with_the_extenders_settings(tmp_path):
     assert args["nodeNameLabels"] == ["Hostname", "hostname"] and args["tenantPools"] is True
     assert args["scoringStrategy"] == "spread" and args["metricsMaxAgeSeconds"] == 30
     assert (args["exporterJob"], args["exporterNamespace"]) == ("dcgm-exporter", "gpufleet-node-agents")
+    # No extender in the profile: nothing of its TLS Secret is mounted (it need not exist).
+    volumes = objects(manifests)[("Deployment", "gpufleet-scheduler")]["spec"]["template"]["spec"]["volumes"]
+    assert [v["name"] for v in volumes] == ["config"]
 
     deployment = objects(manifests)[("Deployment", "gpufleet-scheduler")]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
