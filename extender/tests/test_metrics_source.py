@@ -9,7 +9,13 @@ import os
 import httpx
 import pytest
 
-from gpufleet_extender.metrics_source import FileSource, MetricsSourceError, PrometheusSource, SnapshotRefresher
+from gpufleet_extender.metrics_source import (
+    FileSource,
+    MetricsSourceError,
+    PrometheusSource,
+    SnapshotRefresher,
+    exporter_matchers,
+)
 
 from extender_helpers import gpus, mig, write_metrics
 
@@ -127,6 +133,16 @@ def test_prometheus_queries_name_the_configured_host_labels():
     assert any("DCGM_FI_PROF_GR_ENGINE_ACTIVE" in q for q in seen)
     assert json.dumps(seen)  # plain strings
     _ = mig
+
+    seen.clear()
+    matchers = exporter_matchers("dcgm-exporter", 'node-"agents"')
+    pinned = PrometheusSource(
+        "http://p.invalid", ("node",), 1.0, transport=httpx.MockTransport(handler), matchers=matchers
+    )
+    run(pinned.fetch(1))
+    assert matchers == 'job="dcgm-exporter",namespace="node-\\"agents\\""'  # label values escaped
+    assert all(q.count(matchers) == (1 if q.startswith("{") else 4) for q in seen), seen
+    assert exporter_matchers() == "" and exporter_matchers(namespace="n") == 'namespace="n"'
 
 
 def test_a_stuck_refresh_is_an_error_not_a_silent_hang():

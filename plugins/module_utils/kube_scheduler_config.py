@@ -171,6 +171,8 @@ GPUSCORE_ARGS = frozenset(
     {
         "prometheusURL",
         "prometheusTimeoutSeconds",
+        "exporterJob",
+        "exporterNamespace",
         "gpuUtilThreshold",
         "memUtilThreshold",
         "weightGPUUtil",
