@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from gpufleet_extender import __version__, startup
 
@@ -24,7 +25,7 @@ EXIT_CANNOT_LISTEN = 1
 EXIT_BAD_SETTINGS = 2
 
 
-def tls_options(args: argparse.Namespace) -> dict:
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
     """uvicorn's TLS arguments from --tls-cert-file/--tls-key-file/--tls-client-ca-file; {} for plain HTTP.
 
     Raises SettingsError (a sentence, no traceback) when only one of the pair is given or the files do not make a
