@@ -91,10 +91,11 @@ go-test:
 integration: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets)
 	GPUFLEET_REQUIRE_K8S=1 pytest tests -m integration
 
-# Benchmarks print figures (no timing asserts). bench-mig is quick and exits 1 if nvidia_mig ever destroys more
-# instances than the brute-force minimum, so the suite runs it; bench-extender takes minutes.
+# Benchmarks print figures (no timing asserts). bench-mig is quick and exits 1 unless every transition ends with the
+# target on the simulated GPU, the brute-force minimum destroyed and every busy instance alive, so the suite runs it;
+# bench-extender takes minutes.
 bench-mig: venv collection-link
-	python benchmarks/mig_transitions.py --transitions 500 --seed 7
+	python benchmarks/bench_mig.py --transitions 500 --seed 7
 
 bench-extender: venv
 	python extender/benchmarks/bench_extender.py

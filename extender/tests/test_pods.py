@@ -55,3 +55,10 @@ def test_fractional_or_odd_quantities_are_refused(quantity):
     container = Container(resources=ResourceRequirements(limits={"nvidia.com/gpu": quantity}))
     with pytest.raises(WireError, match=r"whole number|negative|larger than Kubernetes allows"):
         pod_gpu_request(Pod(spec=PodSpec(containers=[container])))
+
+
+@pytest.mark.parametrize("quantity", [-1, -2.0, -(2**63)])
+def test_negative_integer_quantities_are_refused_not_read_as_no_request(quantity):
+    # An integer -1 is a whole number: only the sign check stands between it and "this pod wants no GPU".
+    with pytest.raises(WireError, match=r"^resource nvidia.com/gpu: quantity must not be negative, got -"):
+        request_of(make_pod({"nvidia.com/gpu": quantity}))
