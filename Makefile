@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test bench-mig bench-extender bench-scheduler lint sanity pytest integration k8s-assets go-test molecule molecule-images system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test mutation bench-mig bench-extender bench-scheduler lint sanity pytest integration k8s-assets go-test molecule molecule-images system-deps build clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
@@ -96,6 +96,12 @@ integration: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_A
 # bench-extender takes minutes.
 bench-mig: venv collection-link
 	python benchmarks/bench_mig.py --transitions 500 --seed 7
+
+# Mutation testing of the core (planner, runner, spec; the extender's scoring, pods, wire, snapshot): prints the
+# killed share per file and writes the survivors to build/mutation/survivors.txt. Tens of minutes on two cores, so
+# not part of `make test`; tests/mutation/run_mutation.py --suite extender runs one half.
+mutation: venv collection-link
+	python tests/mutation/run_mutation.py
 
 bench-extender: venv
 	python extender/benchmarks/bench_extender.py

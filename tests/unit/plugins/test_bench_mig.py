@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from _helpers import bench
 
-TRANSITIONS = 120
+TRANSITIONS = 60
 PRODUCT = "NVIDIA H100 80GB HBM3"
 
 
