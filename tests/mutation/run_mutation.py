@@ -83,8 +83,8 @@ SUITES = {
                 "test_service",
                 "test_service_differential",
                 "test_metrics_source",
+                "test_dcgm_captures",
                 "test_app",
-                "test_conformance",
             )
         ),
         (("extender/src", "src"), ("extender/tests", "tests"), ("extender/pyproject.toml", "pyproject.toml")),
