@@ -3,8 +3,8 @@
 
 Starts etcd + kube-apiserver and kube-scheduler (tests/controlplane.py) with the scheduler configuration the
 kube_scheduler role renders, pointed at a recording stand-in for the extender on 127.0.0.1 that passes every node.
-Registers two GPU nodes and a CPU node, creates a MIG pod and a whole-GPU pod for the gpufleet-scheduler profile, and writes the
-bytes kube-scheduler POSTed to the filter and prioritize verbs, unchanged, to
+Registers two GPU nodes and a CPU node, creates a MIG pod and a whole-GPU pod for the gpufleet-scheduler profile,
+and writes the bytes kube-scheduler POSTed to the filter and prioritize verbs, unchanged, to
 extender/tests/data/kube-scheduler/<pod>.<verb>.json (extender/tests/test_scheduler_captures.py replays them).
 
     KUBE_ASSETS=build/k8s/bin python tests/capture_scheduler_requests.py
@@ -53,7 +53,7 @@ class Recorder(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: Recorder
 
-    def do_POST(self):  # noqa: N802 (http.server's naming)
+    def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         args = json.loads(body)
         verb = self.path.rsplit("/", 1)[-1]
