@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test mutation bench-mig bench-extender bench-scheduler lint sanity pytest integration k8s-assets go-test molecule molecule-images system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test mutation bench-mig bench-extender bench-scheduler lint sanity pytest integration k8s-assets go-test molecule molecule-images scheduler-image system-deps build clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
@@ -112,6 +112,15 @@ NODES ?= 1000
 PODS ?= 1000
 bench-scheduler: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets)
 	python benchmarks/bench_scheduler.py --nodes $(NODES) --pods $(PODS)
+
+# gpufleet-scheduler's image from the binary k8s-assets built (k8s/Containerfile.prebuilt: no registry needed);
+# k8s/Dockerfile builds the same image from source where a golang image can be pulled.
+SCHEDULER_IMAGE ?= localhost/gpufleet-scheduler:$(shell awk '$$1 == "k8s.io/kubernetes" {print $$2}' k8s/go.mod)
+scheduler-image: system-deps $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets)
+	rm -rf build/scheduler-image && mkdir -p build/scheduler-image
+	cp $(KUBE_ASSETS)/gpufleet-scheduler /etc/ssl/certs/ca-certificates.crt build/scheduler-image/
+	source tests/molecule/podman-env.sh && podman build --quiet --tag $(SCHEDULER_IMAGE) \
+		--file k8s/Containerfile.prebuilt build/scheduler-image
 
 sanity: venv
 	tests/sanity/run.sh

@@ -106,7 +106,7 @@ def test_serve_refuses_to_start_with_exit_code_2(monkeypatch, capsys):
     monkeypatch.setenv("MEM_UTIL_THRESHOLD", "7")
     get_settings.cache_clear()
     try:
-        assert main(["serve", "--port", "1"]) == EXIT_BAD_SETTINGS
+        assert main(["serve", "--port", "0"]) == EXIT_BAD_SETTINGS
     finally:
         get_settings.cache_clear()
     err = capsys.readouterr().err

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.integration
 PROMETHEUS = os.environ.get("GPUFLEET_PROMETHEUS_BINARY", "/usr/bin/prometheus")
 GPU_POD = make_pod({"nvidia.com/gpu": "1"})
 MIG_POD = make_pod({"nvidia.com/mig-3g.40gb": "1"})
+OK = {"status": "ok"}
 
 
 def free_port() -> int:
@@ -104,9 +105,8 @@ def start_extender(env: dict, tmp_path: Path, *args: str) -> tuple[subprocess.Po
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    wait_for(
-        "the extender to listen", lambda: process.poll() is None and httpx.get(f"{url}/healthz").status_code == 200
-    )
+    # {"status": "starting"} comes from the start-up responder, before the app itself serves (startup.py)
+    wait_for("the extender to serve", lambda: process.poll() is None and httpx.get(f"{url}/healthz").json() == OK)
     return process, url
 
 

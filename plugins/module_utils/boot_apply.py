@@ -15,7 +15,7 @@ import json
 import sys
 
 from .exceptions import MigError, SpecError
-from .nvml import open_nvml
+from .nvml_backend import open_nvml
 from .runner import apply
 
 EXIT_FAILED = 1

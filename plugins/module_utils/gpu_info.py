@@ -1,12 +1,13 @@
-"""Reading GPU state through the NVML interface: the instance reader shared with the planner's view
-(runner.read_gpu), and the read-only facts of the nvidia_gpu_info module."""
+"""Reading one GPU's state through the NVML interface: `read_gpu_state` is the one reader, shared by the planner's
+view (runner.read_gpu) and the read-only facts of the nvidia_gpu_info module (`collect`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from .nvml import GpuInstanceRecord, NvmlInterface
-from .planner import Catalog, ProfileInfo
+from .nvml import DeviceIdentity, GpuInstanceRecord, NvmlInterface, ProcessRecord, ProfileInfo
+from .planner import Catalog
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,22 @@ class InstanceReading:
 
     record: GpuInstanceRecord
     profile: ProfileInfo
-    ci_uuids: dict  # compute instance id -> MIG device UUID (None when NVML lists no device for it)
+    ci_uuids: dict[int, str | None]  # compute instance id -> MIG device UUID (None when NVML lists no device for it)
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """Everything read from one GPU: identity, MIG mode (current, pending), processes and, with MIG on, instances."""
+
+    identity: DeviceIdentity
+    mig_current: bool
+    mig_pending: bool
+    processes: list[ProcessRecord]
+    instances: list[InstanceReading] = field(default_factory=list)
+
+    def pids_in(self, gi_id: int | None) -> tuple[int, ...]:
+        """PIDs running in GPU instance `gi_id` (None: on the GPU outside any instance)."""
+        return tuple(sorted(p.pid for p in self.processes if p.gi_id == gi_id))
 
 
 def read_instances(nvml: NvmlInterface, index: int, catalog: Catalog) -> list[InstanceReading]:
@@ -31,35 +47,46 @@ def read_instances(nvml: NvmlInterface, index: int, catalog: Catalog) -> list[In
     ]
 
 
-def collect(nvml: NvmlInterface) -> list[dict]:
+def read_gpu_state(nvml: NvmlInterface, index: int, catalog: Catalog) -> GpuReading:
+    """Read one GPU; instances are only listed while MIG mode is on (NVML refuses the query otherwise)."""
+    identity = nvml.identity(index)
+    current, pending = nvml.mig_mode(index)
+    processes = nvml.running_processes(index)
+    instances = read_instances(nvml, index, catalog) if current else []
+    return GpuReading(identity, current, pending, processes, sorted(instances, key=lambda i: i.record.start))
+
+
+def _hex(value: int | None) -> str | None:
+    return None if not value else f"0x{value:08X}"
+
+
+def collect(nvml: NvmlInterface) -> list[dict[str, Any]]:
+    """The facts of every GPU (the nvidia_gpu_info module's `gpus`)."""
     gpus = []
     for index in range(nvml.device_count()):
-        identity = nvml.identity(index)
-        current, pending = nvml.mig_mode(index)
         catalog = Catalog(nvml.gpu_instance_profiles(index))
-        processes = nvml.running_processes(index)
-        instances = []
-        for reading in read_instances(nvml, index, catalog) if current else []:
-            record, profile = reading.record, reading.profile
-            instances.append(
-                {
-                    "gpu_instance_id": record.gi_id,
-                    "profile": profile.name,
-                    "profile_id": record.profile_id,
-                    "start": record.start,
-                    "size": record.size,
-                    "memory_mib": profile.memory_mib,
-                    "compute_instances": [
-                        {
-                            "compute_instance_id": ci_id,
-                            "compute_slices": slices,
-                            "mig_device_uuid": reading.ci_uuids[ci_id],
-                        }
-                        for ci_id, slices in record.compute_instances
-                    ],
-                    "processes": sorted(p.pid for p in processes if p.gi_id == record.gi_id),
-                }
-            )
+        reading = read_gpu_state(nvml, index, catalog)
+        identity = reading.identity
+        instances = [
+            {
+                "gpu_instance_id": instance.record.gi_id,
+                "profile": instance.profile.name,
+                "profile_id": instance.record.profile_id,
+                "start": instance.record.start,
+                "size": instance.record.size,
+                "memory_mib": instance.profile.memory_mib,
+                "compute_instances": [
+                    {
+                        "compute_instance_id": ci_id,
+                        "compute_slices": slices,
+                        "mig_device_uuid": instance.ci_uuids[ci_id],
+                    }
+                    for ci_id, slices in instance.record.compute_instances
+                ],
+                "processes": list(reading.pids_in(instance.record.gi_id)),
+            }
+            for instance in reading.instances
+        ]
         gpus.append(
             {
                 "index": index,
@@ -67,10 +94,10 @@ def collect(nvml: NvmlInterface) -> list[dict]:
                 "name": identity.name,
                 "memory_mib": identity.memory_mib,
                 "pci_device_id": None if identity.pci_device_id is None else f"0x{identity.pci_device_id:08X}",
-                "pci_subsystem_id": None if not identity.pci_subsystem_id else f"0x{identity.pci_subsystem_id:08X}",
+                "pci_subsystem_id": _hex(identity.pci_subsystem_id),
                 "mig_capable": nvml.mig_capable(index),
-                "mig_mode": {"current": current, "pending": pending},
-                "gpu_instances": sorted(instances, key=lambda i: i["start"]),
+                "mig_mode": {"current": reading.mig_current, "pending": reading.mig_pending},
+                "gpu_instances": instances,
                 "processes": [
                     {
                         "pid": p.pid,
@@ -78,7 +105,7 @@ def collect(nvml: NvmlInterface) -> list[dict]:
                         "gpu_instance_id": p.gi_id,
                         "compute_instance_id": p.ci_id,
                     }
-                    for p in processes
+                    for p in reading.processes
                 ],
                 "mig_profiles": catalog.as_dict(),
             }

@@ -1,21 +1,21 @@
 """The small NVML interface the rest of module_utils uses, and its implementation on nvidia-ml-py (pynvml).
 
-This is the only module that imports pynvml. The simulator (nvml_sim.SimulatedNvml) implements the same interface,
-with NVML's semantics (profile enum vs profile id, pending MIG mode, IN_USE on busy instances, errors as NVML codes),
-so the planner and runner cannot tell them apart. `open_nvml()` picks one.
+This is the only module that imports pynvml. The record types the interface returns live here too, so the simulator
+(nvml_sim.SimulatedNvml, the same interface with NVML's semantics: profile enum vs profile id, pending MIG mode,
+IN_USE on busy instances, errors as NVML codes) and the planner depend on this module and never the other way
+round. Choosing a backend (real or simulated) is nvml_backend.open_nvml's job.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import subprocess
 from dataclasses import dataclass
 
 from .exceptions import NvmlError, NvmlUnavailableError
 
-SIM_ENV = "GPUFLEET_NVML_SIM"
+SIM_ENV = "GPUFLEET_NVML_SIM"  # names a simulator state file; read by nvml_backend.open_nvml
 
 # nvmlReturn_t values (nvml.h), shared by the real wrapper and the simulator so messages read the same.
 SUCCESS = 0
@@ -60,6 +60,19 @@ class DeviceIdentity:
     memory_mib: int
     pci_device_id: int | None
     pci_subsystem_id: int | None = None  # subsystem device << 16 | subsystem vendor (mig-parted's device-filter)
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    """A GPU-instance profile as NVML reports it for one GPU."""
+
+    enum: int  # NVML_GPU_INSTANCE_PROFILE_* it was queried with
+    id: int  # profile id: what placements and creation take
+    name: str  # e.g. "1g.10gb", "1g.10gb+me"
+    slice_count: int  # compute slices
+    instance_count: int  # maximum instances on an empty GPU
+    memory_mib: int
+    placements: tuple[tuple[int, int], ...]  # (start, size) over the memory slices
 
 
 @dataclass(frozen=True)
@@ -111,8 +124,8 @@ class NvmlInterface:
     def reset_gpu(self, index: int) -> None:
         raise NotImplementedError
 
-    def gpu_instance_profiles(self, index: int) -> list:
-        """planner.ProfileInfo for every profile enum NVML supports on this GPU, with placements by profile id."""
+    def gpu_instance_profiles(self, index: int) -> list[ProfileInfo]:
+        """ProfileInfo for every profile enum NVML supports on this GPU, with placements by profile id."""
         raise NotImplementedError
 
     def gpu_instances(self, index: int, profile_ids: list[int]) -> list[GpuInstanceRecord]:
@@ -231,9 +244,7 @@ class PynvmlBackend(NvmlInterface):
                 code = ERROR_CODES["UNKNOWN"]
             raise NvmlError("nvidia-smi --gpu-reset", code, error_name(code), output)
 
-    def gpu_instance_profiles(self, index: int) -> list:
-        from .planner import ProfileInfo
-
+    def gpu_instance_profiles(self, index: int) -> list[ProfileInfo]:
         handle = self._handle(index)
         profiles, seen = [], set()
         for enum in range(GPU_INSTANCE_PROFILE_COUNT):
@@ -375,13 +386,3 @@ class PynvmlBackend(NvmlInterface):
         # Shutting down is best effort: the process exits right after.
         with contextlib.suppress(NvmlError):
             self._call("nvmlShutdown")
-
-
-def open_nvml(sim_state: str | None = None) -> NvmlInterface:
-    """The simulator when a state file is named (argument, else $GPUFLEET_NVML_SIM), else NVML through pynvml."""
-    path = sim_state or os.environ.get(SIM_ENV)
-    if path:
-        from .nvml_sim import SimulatedNvml
-
-        return SimulatedNvml(path)
-    return PynvmlBackend()

@@ -34,6 +34,7 @@ from .nvml import (
     MigDeviceRecord,
     NvmlInterface,
     ProcessRecord,
+    ProfileInfo,
 )
 from .profile_tables import MEMORY_SLICES, PROFILE_COUNT, product_table
 
@@ -222,9 +223,7 @@ class SimulatedNvml(NvmlInterface):
             self._apply_reset(gpu)
         self._save()
 
-    def gpu_instance_profiles(self, index: int) -> list:
-        from .planner import ProfileInfo
-
+    def gpu_instance_profiles(self, index: int) -> list[ProfileInfo]:
         self._maybe_fail("gpu_instance_profiles", index)
         gpu = self._gpu(index, "gpu_instance_profiles")
         by_enum = {row.enum: row for row in self._table(gpu).profiles}

@@ -17,20 +17,10 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from .exceptions import BusyInstanceError, SpecError
+from .nvml import ProfileInfo  # re-exported: the catalog is made of what NVML reports
 from .spec import GpuTarget, parse_profile_name
 
-
-@dataclass(frozen=True)
-class ProfileInfo:
-    """A GPU-instance profile as NVML reports it for one GPU."""
-
-    enum: int  # NVML_GPU_INSTANCE_PROFILE_* it was queried with
-    id: int  # profile id: what placements and creation take
-    name: str  # e.g. "1g.10gb", "1g.10gb+me"
-    slice_count: int  # compute slices
-    instance_count: int  # maximum instances on an empty GPU
-    memory_mib: int
-    placements: tuple[tuple[int, int], ...]  # (start, size) over the memory slices
+__all__ = ["Catalog", "GpuPlan", "GpuState", "Instance", "ProfileInfo", "Slot", "plan_gpu", "validate_target"]
 
 
 class Catalog:
@@ -136,6 +126,14 @@ class GpuPlan:
     @property
     def changed(self) -> bool:
         return self.set_mode or bool(self.destroy) or bool(self.create)
+
+    @property
+    def disruptive(self) -> bool:
+        """Whether applying takes GPUs away from running work: an instance destroyed, or MIG switched (a reset).
+
+        Creating instances in free slices is not disruptive.
+        """
+        return bool(self.destroy) or self.mig_before != self.mig_after
 
     def actions(self) -> list[dict]:
         """Instance actions in execution order: all destroys, then creates by start."""

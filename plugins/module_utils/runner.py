@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .exceptions import ApplyError, BusyInstanceError, NvmlError, SpecError
-from .gpu_info import read_instances
+from .gpu_info import read_gpu_state
 from .nvml import ERROR_CODES, SUCCESS, NvmlInterface, error_name
 from .planner import BUSY_HINT, Catalog, GpuPlan, GpuState, Instance, busy_problems, plan_gpu
 from .profile_tables import product_table
@@ -43,13 +43,11 @@ def read_catalog(nvml: NvmlInterface, index: int, required: bool = True) -> Cata
 
 
 def read_gpu(nvml: NvmlInterface, index: int, catalog: Catalog) -> GpuState:
-    """The planner's view of one GPU: identity, MIG mode, instances with their processes and MIG device UUIDs."""
-    identity = nvml.identity(index)
-    current, pending = nvml.mig_mode(index)
-    processes = nvml.running_processes(index)
+    """The planner's view of one GPU (gpu_info.read_gpu_state's reading, instances collapsed to what we manage)."""
+    reading = read_gpu_state(nvml, index, catalog)
     instances = []
-    for reading in read_instances(nvml, index, catalog) if current else []:
-        record, profile = reading.record, reading.profile
+    for instance in reading.instances:
+        record, profile = instance.record, instance.profile
         full_ci = [ci_id for ci_id, slices in record.compute_instances if slices == profile.slice_count]
         # We manage exactly one full-size compute instance per GPU instance; anything else is rebuilt.
         complete = len(record.compute_instances) == 1 and bool(full_ci)
@@ -59,21 +57,21 @@ def read_gpu(nvml: NvmlInterface, index: int, catalog: Catalog) -> GpuState:
                 profile=profile.name,
                 start=record.start,
                 size=record.size,
-                pids=tuple(sorted(p.pid for p in processes if p.gi_id == record.gi_id)),
+                pids=reading.pids_in(record.gi_id),
                 complete=complete,
-                uuid=reading.ci_uuids[full_ci[0]] if full_ci else None,
+                uuid=instance.ci_uuids[full_ci[0]] if full_ci else None,
                 compute_instance_ids=tuple(ci_id for ci_id, _slices in record.compute_instances),
             )
         )
     return GpuState(
         index=index,
-        uuid=identity.uuid,
-        name=identity.name,
-        mig_current=current,
-        mig_pending=pending,
-        instances=sorted(instances, key=lambda i: i.start),
-        gpu_pids=tuple(sorted(p.pid for p in processes if p.gi_id is None)),
-        pci_device_id=identity.pci_device_id,
+        uuid=reading.identity.uuid,
+        name=reading.identity.name,
+        mig_current=reading.mig_current,
+        mig_pending=reading.mig_pending,
+        instances=instances,
+        gpu_pids=reading.pids_in(None),
+        pci_device_id=reading.identity.pci_device_id,
     )
 
 
@@ -115,6 +113,7 @@ def gpu_result(gpu_plan: GpuPlan) -> dict:
         "after": [s.as_dict() for s in gpu_plan.after],
         "actions": gpu_plan.actions(),
         "changed": gpu_plan.changed,
+        "disruptive": gpu_plan.disruptive,
         "done": [],
         "mig_mode_pending": False,
         "reset": False,
@@ -234,6 +233,7 @@ def summarize(results: list[dict]) -> dict:
     return {
         "gpus": results,
         "changed": any(r["changed"] for r in results),
+        "disruptive": any(r["disruptive"] for r in results),
         "reboot_required": any(r["mig_mode_pending"] for r in results),
     }
 

@@ -121,7 +121,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.mig.plugins.module_utils.args_common import nvml_backend_args
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError
 from ansible_collections.gpufleet.mig.plugins.module_utils.gpu_info import collect
-from ansible_collections.gpufleet.mig.plugins.module_utils.nvml import open_nvml
+from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import open_nvml
 
 
 def argument_spec() -> dict:

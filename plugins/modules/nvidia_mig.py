@@ -203,6 +203,12 @@ gpus:
       description: Whether this GPU needed any change.
       type: bool
       sample: true
+    disruptive:
+      description:
+        - Whether the change takes this GPU away from running work - an instance is destroyed or the MIG mode
+          switches (a GPU reset). Creating instances in free slices is not disruptive.
+      type: bool
+      sample: false
     mig_mode_pending:
       description: The MIG mode change is pending until this GPU is reset or the host reboots.
       type: bool
@@ -222,6 +228,11 @@ reboot_required:
   returned: always
   type: bool
   sample: false
+disruptive:
+  description: Whether any GPU's change is disruptive (see RV(gpus[].disruptive)); in check mode, whether it would be.
+  returned: always
+  type: bool
+  sample: false
 changed:
   description: Whether any GPU needed a change (in check mode, whether one would be made).
   returned: always
@@ -234,7 +245,7 @@ import json
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.mig.plugins.module_utils.args_common import nvml_backend_args
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError, SpecError
-from ansible_collections.gpufleet.mig.plugins.module_utils.nvml import open_nvml
+from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import open_nvml
 from ansible_collections.gpufleet.mig.plugins.module_utils.runner import apply
 from ansible_collections.gpufleet.mig.plugins.module_utils.spec import config_from_mig_parted
 

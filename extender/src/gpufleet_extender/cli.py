@@ -14,12 +14,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gpufleet_extender import __version__
-from gpufleet_extender.config import CONFIG_FILE_ENV, SettingsError, get_settings
+from gpufleet_extender import __version__, startup
 
 # Extra subcommands: name -> module.
 COMMAND_MODULES = {"simulate": "gpufleet_extender.simulate.cli"}
 
+EXIT_CANNOT_LISTEN = 1
 EXIT_BAD_SETTINGS = 2
 
 
@@ -28,6 +28,16 @@ def _installed(module: str) -> bool:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # Listen and answer probes first: the imports below take a second or more (startup.py says why it matters).
+    try:
+        sock = startup.bind(args.host, args.port)
+    except OSError as exc:
+        print(f"gpufleet-extender: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        return EXIT_CANNOT_LISTEN
+    responder = startup.StartupResponder(sock).start()
+
+    from gpufleet_extender.config import CONFIG_FILE_ENV, SettingsError, get_settings
+
     if args.config:
         os.environ[CONFIG_FILE_ENV] = args.config  # get_settings() reads the same file
     get_settings.cache_clear()
@@ -35,6 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings = get_settings()
     except SettingsError as exc:
         print(f"gpufleet-extender: {exc}", file=sys.stderr)
+        responder.handover().close()
         return EXIT_BAD_SETTINGS
 
     import uvicorn
@@ -42,15 +53,14 @@ def _serve(args: argparse.Namespace) -> int:
     from gpufleet_extender.app import create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
-        host=args.host,
-        port=args.port,
         log_level=args.log_level,
         access_log=args.access_log,
         http=args.http or ("httptools" if _installed("httptools") else "h11"),
         loop=args.loop or ("uvloop" if _installed("uvloop") else "asyncio"),
     )
+    uvicorn.Server(config).run(sockets=[responder.handover()])
     return 0
 
 
@@ -67,14 +77,15 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=_serve)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
+    """The CLI. ``serve_only`` leaves the other commands unimported: the kubelet's probes time serve's start."""
     parser = argparse.ArgumentParser(
         prog="gpufleet-extender", description="GPU-load-aware, MIG-aware kube-scheduler extender."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
-    for name, module_name in COMMAND_MODULES.items():
+    for name, module_name in ({} if serve_only else COMMAND_MODULES).items():
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -88,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(serve_only=argv[:1] == ["serve"]).parse_args(argv)
     return args.handler(args)
 
 

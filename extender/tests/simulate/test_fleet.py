@@ -11,10 +11,10 @@ import pytest
 
 from gpufleet_extender.simulate.fleet import (
     FleetError,
-    expand_layout,
     fleet_from_inventory,
     fleet_from_inventory_data,
     fleet_from_yaml,
+    node_devices,
     product_memory_gb,
     profile_memory_gb,
 )
@@ -32,7 +32,7 @@ def resources(devices) -> Counter:
 
 
 def test_mig_layout_expands_to_instances_per_profile_with_their_memory():
-    devices = expand_layout(IMAGEGEN_LAYOUT, 8, 80.0, "node")
+    devices = node_devices(IMAGEGEN_LAYOUT, 8, None, "node")
     assert resources(devices) == {
         "nvidia.com/mig-3g.40gb": 8,
         "nvidia.com/mig-2g.20gb": 12,
@@ -44,27 +44,59 @@ def test_mig_layout_expands_to_instances_per_profile_with_their_memory():
 
 
 def test_mig_off_and_unselected_gpus_are_whole_gpus():
-    devices = expand_layout([{"devices": [0], "mig_enabled": True, "mig_devices": {"7g.80gb": 1}}], 3, 80.0, "n")
+    devices = node_devices([{"devices": [0], "mig_enabled": True, "mig_devices": {"7g.80gb": 1}}], 3, None, "n")
     assert [(d.key, d.resource, d.memory_gb) for d in devices] == [
         ("gpu0/mig0", "nvidia.com/mig-7g.80gb", 80),
         ("gpu1", "nvidia.com/gpu", 80),
         ("gpu2", "nvidia.com/gpu", 80),
     ]
-    assert resources(expand_layout([{"devices": "all", "mig_enabled": False}], 8, 80.0, "n")) == {"nvidia.com/gpu": 8}
+    assert resources(node_devices([{"devices": "all", "mig_enabled": False}], 8, None, "n")) == {"nvidia.com/gpu": 8}
 
 
 @pytest.mark.parametrize(
     ("layout", "message"),
     [
-        ([{"devices": [0]}, {"devices": [0, 1]}], "GPU 0 is selected by more than one entry"),
+        (
+            [{"devices": [0], "mig_enabled": False}, {"devices": [0, 1], "mig_enabled": False}],
+            r"GPU 0 is selected by more than one entry",
+        ),
         ([{"devices": [9], "mig_enabled": False}], r"GPU index\(es\) \[9\] do not exist"),
-        ([{"devices": "all", "mig_enabled": True, "mig_devices": {"big": 1}}], "'big' is not a profile name"),
-        ([{"devices": "all", "mig_enabled": True, "mig_devices": {"1g.10gb": -1}}], "must be a whole number"),
+        ([{"devices": "all", "mig_enabled": True, "mig_devices": {"big": 1}}], "'big' is not a MIG profile name"),
+        ([{"devices": "all", "mig_enabled": True, "mig_devices": {"1g.10gb": -1}}], "must be >= 0"),
     ],
 )
 def test_bad_layouts_are_named(layout, message):
+    with pytest.raises(FleetError, match=rf"^hk-gpu-01: mig_partition_config: .*{message}"):
+        node_devices(layout, 8, None, "hk-gpu-01")
+
+
+# Layouts the nvidia_mig module refuses on the node; the simulator's own expansion used to accept them, so it
+# simulated fleets that could never be laid out.
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        # `devices` is required by the module (it defaulted to all GPUs in the simulator)
+        ([{"mig_enabled": True, "mig_devices": {"3g.40gb": 2}}], "'devices' is required"),
+        # more compute slices than an H100 has
+        ([{"devices": "all", "mig_enabled": True, "mig_devices": {"3g.40gb": 3}}], "at most 2 fit on one GPU"),
+        # a name that parses but is no H100 profile
+        ([{"devices": "all", "mig_enabled": True, "mig_devices": {"2g.40gb": 1}}], "unknown MIG profile"),
+        # compute slices fit (6 of 7) but the memory slices do not (10 of 8)
+        ([{"devices": "all", "mig_enabled": True, "mig_devices": {"1g.20gb": 4, "2g.20gb": 1}}], "memory slices"),
+    ],
+)
+def test_simulator_refuses_what_the_module_refuses(layout, message):
     with pytest.raises(FleetError, match=message):
-        expand_layout(layout, 8, 80.0, "hk-gpu-01")
+        node_devices(layout, 8, None, "hk-gpu-01")
+
+
+def test_simulator_takes_what_the_module_takes():
+    # String counts and a device filter are the module's shape too (the simulator's expansion refused the first
+    # and ignored the second).
+    layout = [
+        {"devices": "all", "mig_enabled": True, "mig_devices": {"3g.40gb": "2"}, "device_filter": ["0x233010DE"]},
+    ]
+    assert resources(node_devices(layout, 2, "NVIDIA H100 80GB HBM3", "n")) == {"nvidia.com/mig-3g.40gb": 4}
 
 
 def test_memory_from_names():

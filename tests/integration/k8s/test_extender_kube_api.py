@@ -98,7 +98,8 @@ class ExtenderProcess:
         if self.process.poll() is not None:
             pytest.fail(f"the extender exited with {self.process.returncode}:\n{self.log()}")
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+            # {"status": "starting"} comes from the start-up responder, before the app itself serves
+            return httpx.get(f"{self.url}/healthz", timeout=2).json() == {"status": "ok"}
         except httpx.HTTPError:
             return False
 

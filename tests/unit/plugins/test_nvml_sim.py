@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from _helpers import new_sim
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import NvmlError
-from ansible_collections.gpufleet.mig.plugins.module_utils.nvml import ERROR_CODES, SUCCESS, open_nvml
+from ansible_collections.gpufleet.mig.plugins.module_utils.nvml import ERROR_CODES, SUCCESS
+from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import open_nvml
 from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml, main
 
 

@@ -178,6 +178,26 @@ def test_matching_gpu_is_not_touched():
     assert not plan_gpu(state, GpuTarget(True, {"3g.40gb": 2}, 0), H100, force=False).changed
 
 
+@pytest.mark.parametrize(
+    ("state", "target", "disruptive"),
+    [
+        # creating in free slices touches nothing that runs
+        (_state([_inst(1, "3g.40gb", 0)]), GpuTarget(True, {"3g.40gb": 2}, 0), False),
+        # replacing an instance destroys one
+        (_state([_inst(1, "3g.40gb", 0), _inst(2, "3g.40gb", 4)]), GpuTarget(True, {"7g.80gb": 1}, 0), True),
+        # switching MIG on resets the GPU, even with nothing to destroy
+        (_state([], mig=False), GpuTarget(True, {"3g.40gb": 2}, 0), True),
+        # and so does switching it off
+        (_state([]), GpuTarget(False, {}, 0), True),
+        # nothing to do
+        (_state([_inst(1, "3g.40gb", 0), _inst(2, "3g.40gb", 4)]), GpuTarget(True, {"3g.40gb": 2}, 0), False),
+    ],
+    ids=["create-only", "destroy", "enable-mig", "disable-mig", "unchanged"],
+)
+def test_plan_says_whether_it_is_disruptive(state, target, disruptive):
+    assert plan_gpu(state, target, H100, force=True).disruptive is disruptive
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_random_transitions_destroy_the_brute_force_minimum(seed):
     rng = random.Random(seed)

@@ -7,6 +7,8 @@ Two sources give the same ``Fleet``:
   strategy advertises them (whole GPUs as ``nvidia.com/gpu``, MIG instances as ``nvidia.com/mig-<profile>``);
 - a small YAML fleet file (format in docs/simulator.md).
 
+The layout is expanded by the collection's own layout library (``mig_utils.layout.node_layout``, the code the
+nvidia_mig module and the mig_layout filters run), so the simulator accepts exactly the layouts the module accepts.
 A device's memory comes from its profile name (``2g.20gb`` -> 20 GB); a whole GPU's from the product name
 (``NVIDIA H100 80GB HBM3`` -> 80 GB). ``replicas`` is how many pods may share one device (the device plugin's
 time-slicing replicas); 1 means exclusive devices, which is what the collection deploys.
@@ -19,18 +21,19 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gpufleet_extender.mig_utils.exceptions import MigError
+from gpufleet_extender.mig_utils.layout import memory_gb, node_layout
 from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
 
 DEFAULT_INVENTORY = Path("inventories/hongkong")
 DEFAULT_GPU_MEMORY_GB = 80.0  # H100 SXM 80GB, the fleet's card
-_PROFILE = re.compile(r"^(?P<compute>\d+)g\.(?P<memory>\d+)gb(\+me)?$")
 _PRODUCT_MEMORY = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
 
 
@@ -85,10 +88,10 @@ class Fleet:
 
 def profile_memory_gb(profile: str) -> float:
     """GB of a MIG profile from its name: ``3g.40gb`` -> 40.0, ``1g.10gb+me`` -> 10.0."""
-    match = _PROFILE.match(profile)
-    if not match:
-        raise FleetError(f"MIG profile {profile!r} is not a profile name like 1g.10gb, 3g.40gb or 1g.10gb+me")
-    return float(match["memory"])
+    try:
+        return float(memory_gb(profile))
+    except ValueError:
+        raise FleetError(f"MIG profile {profile!r} is not a profile name like 1g.10gb, 3g.40gb or 1g.10gb+me") from None
 
 
 def product_memory_gb(product: str | None) -> float:
@@ -96,46 +99,30 @@ def product_memory_gb(product: str | None) -> float:
     return float(match.group(1)) if match else DEFAULT_GPU_MEMORY_GB
 
 
-def _selected(devices: Any, gpu_count: int, where: str) -> list[int]:
-    if devices == "all":
-        return list(range(gpu_count))
-    if not isinstance(devices, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in devices):
-        raise FleetError(f"{where}: devices must be 'all' or a list of GPU indexes, got {devices!r}")
-    missing = sorted(i for i in devices if not 0 <= i < gpu_count)
-    if missing:
-        raise FleetError(f"{where}: GPU index(es) {missing} do not exist (the node has {gpu_count} GPUs)")
-    return list(devices)
+def node_devices(config: Any, gpu_count: int, product: str | None, where: str) -> tuple[Device, ...]:
+    """The devices a node advertises for its ``mig_partition_config`` (mixed strategy); None: all whole GPUs.
 
-
-def expand_layout(
-    config: Sequence[Mapping[str, Any]] | None, gpu_count: int, gpu_memory_gb: float, where: str
-) -> tuple[Device, ...]:
-    """The devices a node advertises for a ``mig_partition_config`` layout (mixed strategy).
-
-    Like the mig_layout filter: a GPU no entry selects keeps MIG off (a whole GPU); a GPU selected twice is an error.
+    The layout is validated and expanded by ``node_layout``, as the nvidia_mig module would on the node; a GPU no
+    entry selects keeps MIG off (a whole GPU).
     """
-    layout: dict[int, Mapping[str, int] | None] = {}  # GPU index -> MIG instances per profile, None = MIG off
-    for position, entry in enumerate(config or []):
-        at = f"{where}: mig_partition_config[{position}]"
-        if not isinstance(entry, Mapping):
-            raise FleetError(f"{at} must be a mapping, got {entry!r}")
-        for index in _selected(entry.get("devices", "all"), gpu_count, at):
-            if index in layout:
-                raise FleetError(f"{at}: GPU {index} is selected by more than one entry")
-            layout[index] = dict(entry.get("mig_devices") or {}) if entry.get("mig_enabled") else None
+    if config is None:
+        layout: list[dict[str, int] | None] = [None] * gpu_count
+    else:
+        try:
+            layout = node_layout(config, gpu_count, product)
+        except MigError as exc:
+            raise FleetError(f"{where}: mig_partition_config: {exc.message}") from None
+    gpu_memory_gb = product_memory_gb(product)
     devices: list[Device] = []
-    for index in range(gpu_count):
-        instances = layout.get(index)
+    for index, instances in enumerate(layout):
         if instances is None:
             devices.append(Device(f"gpu{index}", WHOLE_GPU_RESOURCE, gpu_memory_gb))
             continue
         number = 0
         for profile, count in sorted(instances.items()):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise FleetError(f"{where}: GPU {index}: count of {profile} must be a whole number, got {count!r}")
-            memory = profile_memory_gb(str(profile))
+            memory = profile_memory_gb(profile)
             for _ in range(count):
-                devices.append(Device(f"gpu{index}/mig{number}", MIG_RESOURCE_PREFIX + str(profile), memory))
+                devices.append(Device(f"gpu{index}/mig{number}", MIG_RESOURCE_PREFIX + profile, memory))
                 number += 1
     return tuple(devices)
 
@@ -159,8 +146,7 @@ def fleet_from_inventory_data(data: Mapping[str, Any], source: str = "") -> Flee
         if "mig_partition_config" not in hv:
             continue  # not a GPU node (control plane)
         gpu_count = _gpu_count(hv.get("gpufleet_gpus_per_node", 8), host)
-        memory = product_memory_gb(hv.get("gpufleet_gpu_product"))
-        devices = expand_layout(hv["mig_partition_config"], gpu_count, memory, host)
+        devices = node_devices(hv["mig_partition_config"], gpu_count, hv.get("gpufleet_gpu_product"), host)
         nodes.append(Node(str(hv.get("gpufleet_node_name") or host), hv.get("gpufleet_tenant"), devices))
     if not nodes:
         raise FleetError(f"{source or 'inventory'}: no host has a mig_partition_config (no GPU nodes to simulate)")
@@ -212,7 +198,7 @@ def fleet_from_yaml(path: str | Path) -> Fleet:
         raise FleetError(f"fleet file {file_path} is not valid YAML: {exc}") from None
     if not isinstance(document, Mapping) or not isinstance(document.get("nodes"), list) or not document["nodes"]:
         raise FleetError(f"fleet file {file_path} needs a non-empty list 'nodes'")
-    gpu_memory = product_memory_gb(document.get("gpu_product"))
+    product = document.get("gpu_product")
     nodes = []
     for position, entry in enumerate(document["nodes"]):
         where = f"{file_path}: nodes[{position}]"
@@ -223,7 +209,7 @@ def fleet_from_yaml(path: str | Path) -> Fleet:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise FleetError(f"{where}: count must be a whole number >= 1, got {count!r}")
         gpu_count = _gpu_count(entry.get("gpus", 8), where)
-        devices = expand_layout(entry.get("mig_partition_config"), gpu_count, gpu_memory, where)
+        devices = node_devices(entry.get("mig_partition_config"), gpu_count, product, where)
         names = [str(entry["name"])] if count == 1 else [f"{entry['name']}-{i:02d}" for i in range(1, count + 1)]
         nodes.extend(Node(name, entry.get("tenant"), devices) for name in names)
     if len({n.name for n in nodes}) != len(nodes):
