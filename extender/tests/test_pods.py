@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gpufleet_extender.pods import ResourceRequest, pod_gpu_request
+from gpufleet_extender.pods import ResourceRequest, describe_request, pod_gpu_request
 from gpufleet_extender.wire import Container, Pod, PodSpec, ResourceRequirements, WireError, decode_args
 
 from extender_helpers import make_pod
@@ -62,3 +62,28 @@ def test_negative_integer_quantities_are_refused_not_read_as_no_request(quantity
     # An integer -1 is a whole number: only the sign check stands between it and "this pod wants no GPU".
     with pytest.raises(WireError, match=r"^resource nvidia.com/gpu: quantity must not be negative, got -"):
         request_of(make_pod({"nvidia.com/gpu": quantity}))
+
+
+@pytest.mark.parametrize(
+    ("quantity", "message"),
+    [
+        ("500m", "quantity must be a whole number, got '500m'"),
+        (2**63, "quantity is larger than Kubernetes allows, got 9223372036854775808"),
+        ("x" * 38, f"quantity must be a whole number, got '{'x' * 38}'"),  # 40 characters quoted: shown whole
+        ("x" * 39, f"quantity must be a whole number, got '{'x' * 39}... (41 characters)"),  # cut at 40
+    ],
+)
+def test_refusals_quote_the_value_shortened_past_40_characters(quantity, message):
+    with pytest.raises(WireError) as raised:
+        request_of(make_pod({"nvidia.com/gpu": quantity}))
+    assert str(raised.value) == f"resource nvidia.com/gpu: {message}"
+
+
+def test_the_largest_int64_quantity_is_accepted():
+    assert request_of(make_pod({"nvidia.com/gpu": 2**63 - 1})) == (ResourceRequest("nvidia.com/gpu", 2**63 - 1),)
+
+
+def test_describe_request():
+    assert describe_request(()) == "no GPU"
+    pair = (ResourceRequest("nvidia.com/gpu", 2), ResourceRequest("nvidia.com/mig-1g.10gb", 1))
+    assert describe_request(pair) == "2x nvidia.com/gpu, 1x nvidia.com/mig-1g.10gb"
