@@ -54,8 +54,7 @@ SUITES = {
                 "test_planner",
                 "test_runner",
                 "test_bench_mig",
-                "test_mig_parted_configs",
-                "test_filter_mig_layout",
+                "test_layout",
             )
         ),
         (
