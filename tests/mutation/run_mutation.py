@@ -138,14 +138,15 @@ def show(scratch: Path, mutant: str) -> str:
     return answer.stdout.strip() or answer.stderr.strip()
 
 
-def report(suite: Suite, scratch: Path, equivalent: dict[str, str], survivors_file) -> list[tuple[str, int, int]]:
+def report(suite: Suite, scratch: Path, equivalent: dict[str, str], survivors_file) -> list[tuple[str, int, int, int]]:
     figures = []
     for path, codes in results(scratch, suite).items():
         considered = {name: code for name, code in codes.items() if name not in equivalent}
         killed = sum(1 for code in considered.values() if code in KILLED)
-        figures.append((path.removeprefix(f"{COLLECTION}/"), killed, len(considered)))
+        unchecked = sum(1 for code in considered.values() if code is None)
+        figures.append((path.removeprefix(f"{COLLECTION}/"), killed, len(considered), unchecked))
         for name, code in sorted(considered.items()):
-            if code not in KILLED:
+            if code not in KILLED and code is not None:
                 survivors_file.write(f"## {name}: {STATUS.get(code, f'exit {code}')}\n{show(scratch, name)}\n\n")
         for name in sorted(set(codes) & set(equivalent)):
             if codes[name] in KILLED:
@@ -172,21 +173,17 @@ def main() -> int:
             if not args.report_only:
                 scratch = prepare(suite)
                 print(f"mutmut: {suite.name} ({', '.join(Path(f).name for f in suite.files)})", flush=True)
-                run = subprocess.run(
-                    [str(MUTMUT), "run", "--max-children", str(args.jobs)],
-                    cwd=scratch,
-                    stdout=subprocess.DEVNULL,
-                    check=False,
-                )
+                run = subprocess.run([str(MUTMUT), "run", "--max-children", str(args.jobs)], cwd=scratch, check=False)
                 if run.returncode != 0:
                     print(f"mutmut run failed for {suite.name} (exit {run.returncode})", file=sys.stderr)
                     return 1
             rows += report(suite, scratch, equivalent, survivors_file)
-    width = max(len(path) for path, _k, _t in rows)
+    width = max(len(row[0]) for row in rows)
     print(f"\n{'file':<{width}}  killed / mutants")
-    for path, killed, total in rows:
+    for path, killed, total, unchecked in rows:
         share = 100.0 * killed / total if total else 100.0
-        print(f"{path:<{width}}  {killed:>6} / {total:<6} {share:5.1f} %")
+        note = f"  ({unchecked} not checked: the run was cut short)" if unchecked else ""
+        print(f"{path:<{width}}  {killed:>6} / {total:<6} {share:5.1f} %{note}")
     killed, total = sum(r[1] for r in rows), sum(r[2] for r in rows)
     print(f"{'all':<{width}}  {killed:>6} / {total:<6} {100.0 * killed / max(total, 1):5.1f} %")
     print(f"{len(equivalent)} equivalent mutants left out (tests/mutation/equivalent.yml)")
