@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 
 import httpx
@@ -128,10 +127,17 @@ def test_prometheus_queries_name_the_configured_host_labels():
         seen.append(request.url.params["query"])
         return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
 
-    run(PrometheusSource("http://p.invalid", ("node",), 1.0, transport=httpx.MockTransport(handler)).fetch(1))
-    assert "max by (node) (timestamp(DCGM_FI_DEV_GPU_UTIL)) or max by (node)" in " ".join(seen)
-    assert any("DCGM_FI_PROF_GR_ENGINE_ACTIVE" in q for q in seen)
-    assert json.dumps(seen)  # plain strings
+    run(
+        PrometheusSource("http://p.invalid", ("node", "Hostname"), 1.0, transport=httpx.MockTransport(handler)).fetch(1)
+    )
+    metrics = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"]
+    # Both queries go out together (gather), so either may arrive first.
+    assert sorted(seen) == sorted(
+        [
+            '{__name__=~"' + "|".join(metrics) + '"}',
+            " or ".join(f"max by (node, Hostname) (timestamp({m}))" for m in metrics),
+        ]
+    )
     _ = mig
 
     seen.clear()

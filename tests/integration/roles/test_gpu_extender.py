@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 
 import pytest
@@ -213,7 +215,9 @@ def test_host_cidrs_and_what_the_config_hash_ignores(tmp_path, small_inventory, 
     # Replicas, ClusterIP and host CIDRs differ from the lab, the extender's settings do not: same hash, no roll.
     assert rendered["ConfigMap"]["data"] == lab["ConfigMap"]["data"]
     assert config_hash(rendered) == config_hash(lab)
-    assert len(config_hash(lab)) == 64
+    # sha256 of the ConfigMap's data as JSON (the role's to_json | hash('sha256')): the settings, nothing else.
+    data_json = json.dumps(lab["ConfigMap"]["data"])
+    assert config_hash(lab) == hashlib.sha256(data_json.encode()).hexdigest()
 
 
 def test_without_api_features_there_is_no_api_access_and_the_pods_roll(tmp_path, small_inventory, lab):

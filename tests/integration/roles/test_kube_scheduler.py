@@ -7,6 +7,7 @@ The KubeSchedulerConfiguration is checked here against an independent strict pyd
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -380,7 +381,11 @@ def test_hongkong_static_pod_mode_renders_a_config_and_patched_manifest_per_cont
         pod = yaml.safe_load((manifests / f"kube_scheduler/{host}/kube-scheduler.yaml").read_text())
         command = pod["spec"]["containers"][0]["command"]
         assert command.count("--config=/etc/kubernetes/gpufleet/scheduler-config.yaml") == 1
-        assert len(pod["metadata"]["annotations"]["gpufleet.io/scheduler-config-hash"]) == 16
+        # The annotation is the first 16 hex digits of the sha256 of the very file the pod mounts: a change of the
+        # file rolls the pod, and nothing else does.
+        config_text = (manifests / f"kube_scheduler/{host}/scheduler-config.yaml").read_bytes()
+        expected_hash = hashlib.sha256(config_text).hexdigest()[:16]
+        assert pod["metadata"]["annotations"]["gpufleet.io/scheduler-config-hash"] == expected_hash
 
 
 def test_static_pod_mode_takes_an_ipv6_cluster_ip(tmp_path):
