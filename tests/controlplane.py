@@ -147,6 +147,19 @@ class Pki:
         return str(self.directory / name)
 
 
+def serving_files(directory: Path, stem: str, server_names: tuple[str, ...]) -> dict[str, Path]:
+    """A CA of its own and a serving certificate it signed for `server_names`, as a kubernetes.io/tls Secret holds
+    them: {"ca.crt", "tls.crt", "tls.key"} -> files in `directory` (prefixed with `stem`)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_cert = _issue(None, None, _name(f"{stem}-ca"), is_ca=True)
+    key, cert = _issue(ca_key, ca_cert, _name(stem), server_names=server_names)
+    files = {name: directory / f"{stem}-{name}" for name in ("ca.crt", "tls.crt", "tls.key")}
+    files["ca.crt"].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    files["tls.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(files["tls.key"], key)
+    return files
+
+
 # --- the control plane -------------------------------------------------------------------------------------------
 @dataclass
 class ControlPlane:
@@ -154,6 +167,8 @@ class ControlPlane:
 
     workdir: Path
     assets: Path = field(default_factory=assets_dir)
+    # An apiserver.config.k8s.io AdmissionConfiguration (--admission-control-config-file), or None.
+    admission_config: dict | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
 
@@ -241,9 +256,15 @@ class ControlPlane:
         self._wait("etcd", lambda: httpx.get(f"http://127.0.0.1:{client}/health", timeout=2).status_code == 200)
 
     def start_apiserver(self) -> None:
+        extra = []
+        if self.admission_config is not None:
+            path = self.workdir / "admission-config.yaml"
+            path.write_text(yaml.safe_dump(self.admission_config))
+            extra.append(f"--admission-control-config-file={path}")
         self._spawn(
             "kube-apiserver",
             [
+                *extra,
                 f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl
 import subprocess
 import sys
 import threading
@@ -192,23 +193,32 @@ class MetricsEndpoint:
         self.exporter.server_close()
 
 
-def start_extender(workdir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """The bundled extender (`gpufleet-extender serve`) on a free 127.0.0.1 port; returns it once /readyz answers."""
+def start_extender(
+    workdir: Path, env: dict[str, str], tls: dict[str, Path] | None = None, server_name: str | None = None
+) -> tuple[subprocess.Popen, str]:
+    """The bundled extender (`gpufleet-extender serve`) on a free 127.0.0.1 port; returns it once /readyz answers.
+    With `tls` (controlplane.serving_files) it serves https with that certificate, checked against `server_name`
+    when the certificate is for a name rather than 127.0.0.1."""
     port = free_port()
     log = (workdir / f"extender-{port}.log").open("w")
+    tls_args = ["--tls-cert-file", str(tls["tls.crt"]), "--tls-key-file", str(tls["tls.key"])] if tls else []
     process = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet_extender", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "gpufleet_extender", "serve", "--host", "127.0.0.1", "--port", str(port), *tls_args],
         env={**os.environ, **env},
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    verify = ssl.create_default_context(cafile=str(tls["ca.crt"])) if tls else True
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the extender exited with {process.returncode}: see {log.name}")
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+            extensions = {"sni_hostname": server_name} if server_name else None
+            with httpx.Client(verify=verify, timeout=2) as client:
+                ready = client.get(f"{url}/readyz", extensions=extensions).status_code == 200
+            if ready:
                 return process, url
         except httpx.HTTPError:
             pass

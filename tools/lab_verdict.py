@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         out.append(f"  {RUNS[run]} ({trace['pods']} pods):")
         out += [f"    {line}" for line in findings(document)]
 
+    advice = lab / "rebalance" / "advice.txt"
+    if advice.is_file():
+        out.append("MIG re-layout on a copy of the finance pool's GPUs (docs/mig-rebalance.md), the advice applied:")
+        out += [f"  {line}" for line in advice.read_text(encoding="utf-8").splitlines()]
+
     missed = sum(goals_missed(d) for d in documents.values())
     out.append("Goals:")
     for document in documents.values():
@@ -96,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "  reports     " + ", ".join(f"{lab / run}/report.txt" for run in RUNS) + " (tables); results.json beside each"
     )
     out.append(f"  host state  {lab / 'nvml'}/ (simulated GPUs), {lab / 'hosts'}/ (each node's files)")
+    out.append(f"  re-layout   {lab / 'rebalance'}/ (the finance pool's GPUs after the advice)")
     out.append(RULE)
     for line in "\n".join(out).splitlines():
         lead = len(line) - len(line.lstrip())

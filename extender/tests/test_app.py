@@ -207,6 +207,26 @@ def test_tenant_pools_full_form_with_namespace_labels_from_the_cluster(metrics_f
         assert "tenant pool 'llm'" in result["FailedAndUnresolvableNodes"]["hk-gpu-01"]
 
 
+def test_generic_reasons_name_no_node_pool_or_load_and_the_log_keeps_the_details(metrics_file, caplog):
+    cluster = ClusterState("gpufleet.io/tenant", 120)
+    cluster.replace("Namespace", [{"metadata": {"name": "team-a", "labels": {"gpufleet.io/tenant": "imagegen"}}}])
+    settings = file_settings(metrics_file, FILTER_REASONS="generic")
+    with (
+        caplog.at_level("INFO", logger="gpufleet_extender.service"),
+        TestClient(create_app(settings, cluster=cluster)) as app,
+    ):
+        hot = app.post("/filter", json=names_args(GPU_POD, ["hk-gpu-02"])).json()
+        nodes = [
+            node_obj("hk-gpu-01", {"gpufleet.io/tenant": "llm"}),
+            node_obj("hk-gpu-03", {"gpufleet.io/tenant": "imagegen"}),
+        ]
+        pools = app.post("/filter", json=nodes_args(GPU_POD, nodes)).json()
+    assert hot["FailedNodes"] == {"hk-gpu-02": "GPU devices of the requested kind are loaded above the thresholds"}
+    assert pools["FailedAndUnresolvableNodes"] == {"hk-gpu-01": "node is not in this namespace's tenant pool"}
+    # The pod waits (no node passed): an operator finds the node, its load and the thresholds in the log.
+    assert "hk-gpu-02: no nvidia.com/gpu GPU below thresholds (best: util 0.85 > 0.80" in caplog.text
+
+
 def test_without_cluster_knowledge_tenant_labels_are_not_enforced(client):
     nodes = [node_obj("hk-gpu-01", {"gpufleet.io/tenant": "llm"})]
     assert len(client.post("/filter", json=nodes_args(GPU_POD, nodes)).json()["Nodes"]["items"]) == 1

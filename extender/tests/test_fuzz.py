@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet_extender.app import create_app
 
-from extender_helpers import file_settings, gpus, mig, write_metrics
+from extender_helpers import file_settings, gpus, make_pod, mig, write_metrics
 
 FLEET = {"hk-gpu-01": gpus(0.1, 0.95), "hk-gpu-02": gpus(0.9), "hk-gpu-03": mig(0, "2g.20gb", 0.5, total=20480)}
 
@@ -229,6 +229,17 @@ def test_fuzz_well_formed_requests_with_hostile_values(fuzz_client, payload, ver
     answer.content.decode("utf-8")
     body = answer.json()  # valid JSON either way (and valid UTF-8, checked above)
     assert answer.status_code == 200 or body["detail"]
+    if negative_gpu_quantity(payload["Pod"]):  # kube-apiserver would refuse the pod; so does the extender
+        assert answer.status_code in (400, 422), (content[:300], body)
+
+
+def negative_gpu_quantity(pod: dict) -> bool:
+    """True when a container limit asks for a negative integer number of GPU devices (bools are not integers)."""
+    return any(
+        name.startswith("nvidia.com/") and type(value) is int and value < 0
+        for container in pod["spec"]["containers"]
+        for name, value in container["resources"]["limits"].items()
+    )
 
 
 @settings(max_examples=100, deadline=None)
@@ -263,6 +274,18 @@ def test_former_500s_are_counted_4xx(fuzz_client, verb, case):
     answer = fuzz_client.post(verb, content=ESCAPED_500S[case])
     assert answer.status_code in (400, 422), answer.text[:300]
     assert answer.json()["detail"] and len(answer.content) < 1000  # the 4301 digits are not echoed
+    assert non_200_count(fuzz_client) - counted_before == 1
+
+
+@pytest.mark.parametrize("verb", ["/filter", "/prioritize"])
+@pytest.mark.parametrize("quantity", [-1, -(2**63), "-1"])
+def test_negative_gpu_quantity_is_422_not_a_pod_without_gpus(fuzz_client, verb, quantity):
+    # -1 must not read as "no GPU request" (which passes every node with the neutral score).
+    body = {"Pod": make_pod({"nvidia.com/gpu": quantity}), "Nodes": None, "NodeNames": ["hk-gpu-01"]}
+    counted_before = non_200_count(fuzz_client)
+    answer = fuzz_client.post(verb, json=body)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"].startswith("resource nvidia.com/gpu: quantity must ")
     assert non_200_count(fuzz_client) - counted_before == 1
 
 

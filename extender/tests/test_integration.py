@@ -140,6 +140,26 @@ def test_bad_settings_stop_the_server_with_exit_code_2(tmp_path):
     assert "ON_MISSING_METRICS" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("tls_args", "says"),
+    [
+        (["--tls-cert-file", "/nonexistent/tls.crt"], "--tls-cert-file and --tls-key-file go together"),
+        (["--tls-client-ca-file", "/nonexistent/ca.crt"], "--tls-client-ca-file needs --tls-cert-file"),
+        (["--tls-cert-file", "/nonexistent/tls.crt", "--tls-key-file", "/nonexistent/tls.key"], "cannot use the TLS"),
+    ],
+)
+def test_unusable_tls_files_stop_the_server_with_exit_code_2(tls_args, says):
+    result = subprocess.run(
+        [sys.executable, "-m", "gpufleet_extender", "serve", "--port", str(free_port()), *tls_args],
+        env={**os.environ, "KUBE_API": "off"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.fixture
 def prometheus_binary() -> str:
     if shutil.which(PROMETHEUS) is None:
@@ -300,3 +320,65 @@ def test_out_of_range_values_through_a_real_prometheus_leave_the_node_to_the_pol
         assert 'gpufleet_extender_metrics_faults_total{fault="out_of_range",source="prometheus"}' in metrics
     finally:
         stop(extender)
+
+
+def test_series_are_read_only_from_the_exporters_job_and_namespace(prometheus_binary, tmp_path):
+    """A tenant runs an exporter of its own that Prometheus scrapes too (its job, its namespace) and claims the
+    busy node idle: pinned to the fleet exporter's job and namespace, the extender never sees it; unpinned, the
+    fake series reach it (reported as duplicates, the decision then up to which came last)."""
+    real = {"hk-gpu-01": gpus(0.05, 0.10), "hk-gpu-02": gpus(0.95, 0.90)}
+    fake = {"hk-gpu-02": gpus(0.0, 0.0), "hk-gpu-66": gpus(0.0, 0.0)}
+    with FakeDcgmExporter(real) as exporter, FakeDcgmExporter(fake) as impostor:
+        port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n"
+            "scrape_configs:\n"
+            "  - job_name: dcgm-exporter\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{exporter.port}'],\n"
+            "                      labels: {namespace: gpufleet-node-agents}}]\n"
+            "  - job_name: dcgm-exporter-fake\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{impostor.port}'], labels: {{namespace: finnlp}}}}]\n"
+        )
+        log = (tmp_path / "prometheus.log").open("w")
+        process = subprocess.Popen(
+            [
+                prometheus_binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        prometheus_url = f"http://127.0.0.1:{port}"
+        try:
+
+            def both_scraped():
+                answer = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": "count(DCGM_FI_DEV_GPU_UTIL)"})
+                result = answer.json()["data"]["result"] if answer.status_code == 200 else []
+                return result and result[0]["value"][1] == "8"  # 2 GPUs x 4 nodes' worth of series
+
+            wait_for("Prometheus to scrape both exporters", both_scraped)
+            base = {"PROMETHEUS_URL": prometheus_url, "METRICS_REFRESH_SECONDS": "0.5", "ON_MISSING_METRICS": "deny"}
+            pinned_env = {**base, "EXPORTER_JOB": "dcgm-exporter", "EXPORTER_NAMESPACE": "gpufleet-node-agents"}
+            names = ["hk-gpu-01", "hk-gpu-02", "hk-gpu-66"]
+            pinned, pinned_url = start_extender(pinned_env, tmp_path)
+            open_, open_url = start_extender(base, tmp_path)
+            try:
+                wait_for("fresh metrics", lambda: httpx.get(f"{pinned_url}/readyz").status_code == 200)
+                result = filter_names(pinned_url, GPU_POD, names)
+                assert result["NodeNames"] == ["hk-gpu-01"]
+                assert "util 0.90 > 0.80" in result["FailedNodes"]["hk-gpu-02"]
+                assert "no GPU metrics for this node" in result["FailedNodes"]["hk-gpu-66"]
+                assert httpx.get(f"{pinned_url}/readyz").json().get("metrics_source_warnings") in (None, [])
+
+                wait_for("fresh metrics", lambda: httpx.get(f"{open_url}/readyz").status_code == 200)
+                assert "hk-gpu-66" in filter_names(open_url, GPU_POD, names)["NodeNames"]
+                warnings = httpx.get(f"{open_url}/readyz").json()["metrics_source_warnings"]
+                assert any("duplicate series" in warning for warning in warnings), warnings
+            finally:
+                stop(pinned)
+                stop(open_)
+        finally:
+            stop(process)

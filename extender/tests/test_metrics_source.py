@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 
 import httpx
 import pytest
 
-from gpufleet_extender.metrics_source import FileSource, MetricsSourceError, PrometheusSource, SnapshotRefresher
+from gpufleet_extender.metrics_source import (
+    FileSource,
+    MetricsSourceError,
+    PrometheusSource,
+    SnapshotRefresher,
+    exporter_matchers,
+)
 
 from extender_helpers import gpus, mig, write_metrics
 
@@ -122,11 +127,28 @@ def test_prometheus_queries_name_the_configured_host_labels():
         seen.append(request.url.params["query"])
         return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
 
-    run(PrometheusSource("http://p.invalid", ("node",), 1.0, transport=httpx.MockTransport(handler)).fetch(1))
-    assert "max by (node) (timestamp(DCGM_FI_DEV_GPU_UTIL)) or max by (node)" in " ".join(seen)
-    assert any("DCGM_FI_PROF_GR_ENGINE_ACTIVE" in q for q in seen)
-    assert json.dumps(seen)  # plain strings
+    run(
+        PrometheusSource("http://p.invalid", ("node", "Hostname"), 1.0, transport=httpx.MockTransport(handler)).fetch(1)
+    )
+    metrics = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"]
+    # Both queries go out together (gather), so either may arrive first.
+    assert sorted(seen) == sorted(
+        [
+            '{__name__=~"' + "|".join(metrics) + '"}',
+            " or ".join(f"max by (node, Hostname) (timestamp({m}))" for m in metrics),
+        ]
+    )
     _ = mig
+
+    seen.clear()
+    matchers = exporter_matchers("dcgm-exporter", 'node-"agents"')
+    pinned = PrometheusSource(
+        "http://p.invalid", ("node",), 1.0, transport=httpx.MockTransport(handler), matchers=matchers
+    )
+    run(pinned.fetch(1))
+    assert matchers == 'job="dcgm-exporter",namespace="node-\\"agents\\""'  # label values escaped
+    assert all(q.count(matchers) == (1 if q.startswith("{") else 4) for q in seen), seen
+    assert exporter_matchers() == "" and exporter_matchers(namespace="n") == 'namespace="n"'
 
 
 def test_a_stuck_refresh_is_an_error_not_a_silent_hang():

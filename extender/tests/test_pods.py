@@ -64,6 +64,13 @@ def test_kubernetes_quantities_that_are_whole_numbers_are_read_as_kubernetes_rea
     assert _request(quantity) == (ResourceRequest("nvidia.com/gpu", count),)
 
 
+@pytest.mark.parametrize("quantity", [-1, -2.0, -(2**63)])
+def test_negative_integer_quantities_are_refused_not_read_as_no_request(quantity):
+    # An integer -1 is a whole number: only the sign check stands between it and "this pod wants no GPU".
+    with pytest.raises(WireError, match=r"^resource nvidia.com/gpu: quantity must not be negative, got -"):
+        request_of(make_pod({"nvidia.com/gpu": quantity}))
+
+
 @pytest.mark.parametrize(
     ("quantity", "message"),
     [
@@ -86,3 +93,7 @@ def test_refused_quantities_say_exactly_why(quantity, message):
     with pytest.raises(WireError) as refused:
         _request(quantity)
     assert message in str(refused.value)
+
+
+def test_the_largest_int64_quantity_is_accepted():
+    assert request_of(make_pod({"nvidia.com/gpu": 2**63 - 1})) == (ResourceRequest("nvidia.com/gpu", 2**63 - 1),)

@@ -9,6 +9,7 @@ from gpufleet_extender.scoring import (
     NEUTRAL_SCORE,
     Outcome,
     Policy,
+    below_thresholds,
     device_load,
     evaluate_node,
     evaluate_nodes,
@@ -94,8 +95,16 @@ def test_reason_names_the_figures_of_the_best_instance():
 
 
 def test_thresholds_are_strict():
-    at = Policy(gpu_util_threshold=0.5)
+    at = Policy(gpu_util_threshold=0.5, mem_util_threshold=0.6)
     assert not evaluate_node("n1", node(gpu=[(0.5, 0.0)]), want(), at, NOW).passed
+    assert not evaluate_node("n1", node(gpu=[(0.0, 0.6)]), want(), at, NOW).passed
+    assert evaluate_node("n1", node(gpu=[(0.49, 0.59)]), want(), at, NOW).passed
+    assert not below_thresholds(DeviceMetrics("0", 0.5, 0.0), at)
+    assert not below_thresholds(DeviceMetrics("0", 0.0, 0.6), at)
+    assert below_thresholds(DeviceMetrics("0", 0.49, 0.59), at) and below_thresholds(DeviceMetrics("0", 0.0, None), at)
+    # The reason marks a figure at the threshold as over it, like the filter does.
+    verdict = evaluate_node("n1", node(gpu=[(0.5, 0.6)]), want(), at, NOW)
+    assert verdict.reason == "n1: no nvidia.com/gpu GPU below thresholds (best: util 0.50 > 0.50, mem 0.60 > 0.60)"
 
 
 def test_mig_request_only_looks_at_that_profile():

@@ -17,12 +17,15 @@ import (
 type Args struct {
 	PrometheusURL            string  `json:"prometheusURL"`            // PROMETHEUS_URL
 	PrometheusTimeoutSeconds float64 `json:"prometheusTimeoutSeconds"` // PROMETHEUS_TIMEOUT_SECONDS
-	GPUUtilThreshold         float64 `json:"gpuUtilThreshold"`         // GPU_UTIL_THRESHOLD: filter at or above
-	MemUtilThreshold         float64 `json:"memUtilThreshold"`         // MEM_UTIL_THRESHOLD
-	WeightGPUUtil            float64 `json:"weightGPUUtil"`            // WEIGHT_GPU_UTIL
-	WeightMemUtil            float64 `json:"weightMemUtil"`            // WEIGHT_MEM_UTIL
-	MetricsRefreshSeconds    float64 `json:"metricsRefreshSeconds"`    // METRICS_REFRESH_SECONDS
-	MetricsMaxAgeSeconds     float64 `json:"metricsMaxAgeSeconds"`     // METRICS_MAX_AGE_SECONDS (0: never stale)
+	// EXPORTER_JOB, EXPORTER_NAMESPACE: dcgm series only from this scrape job and namespace ("": any).
+	ExporterJob           string  `json:"exporterJob"`
+	ExporterNamespace     string  `json:"exporterNamespace"`
+	GPUUtilThreshold      float64 `json:"gpuUtilThreshold"`      // GPU_UTIL_THRESHOLD: filter at or above
+	MemUtilThreshold      float64 `json:"memUtilThreshold"`      // MEM_UTIL_THRESHOLD
+	WeightGPUUtil         float64 `json:"weightGPUUtil"`         // WEIGHT_GPU_UTIL
+	WeightMemUtil         float64 `json:"weightMemUtil"`         // WEIGHT_MEM_UTIL
+	MetricsRefreshSeconds float64 `json:"metricsRefreshSeconds"` // METRICS_REFRESH_SECONDS
+	MetricsMaxAgeSeconds  float64 `json:"metricsMaxAgeSeconds"`  // METRICS_MAX_AGE_SECONDS (0: never stale)
 	// METRICS_MAX_CLOCK_SKEW_SECONDS: a node whose samples are dated further ahead counts as without metrics.
 	MetricsMaxClockSkewSeconds float64  `json:"metricsMaxClockSkewSeconds"`
 	OnMissingMetrics           string   `json:"onMissingMetrics"`   // ON_MISSING_METRICS: allow | deny

@@ -61,7 +61,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 		return nil, fmt.Errorf("invalid %s args: %w", Name, err)
 	}
 	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds),
-		args.MetricsMaxClockSkewSeconds)
+		args.MetricsMaxClockSkewSeconds, ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
 	plugin := newPlugin(args, source)
 	if handle != nil {
 		plugin.watch(handle)

@@ -33,14 +33,32 @@ type PrometheusSource struct {
 	timesQuery  string
 }
 
+// ExporterMatchers pins series to the exporter's scrape job and namespace: `job="x",namespace="y"` ("" for
+// what is not pinned), as the extender's exporter_matchers.
+func ExporterMatchers(job, namespace string) string {
+	var pinned []string
+	if job != "" {
+		pinned = append(pinned, "job="+strconv.Quote(job))
+	}
+	if namespace != "" {
+		pinned = append(pinned, "namespace="+strconv.Quote(namespace))
+	}
+	return strings.Join(pinned, ",")
+}
+
 // NewPrometheusSource: timeout bounds each refresh as a whole (both queries); maxSkew is how far ahead of this
-// clock a node's samples may be dated before the node counts as without metrics.
-func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Duration, maxSkew float64) *PrometheusSource {
+// clock a node's samples may be dated before the node counts as without metrics; matchers (ExporterMatchers)
+// keep out series of the same names from other scrape jobs.
+func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Duration, maxSkew float64, matchers string) *PrometheusSource {
 	parts := make([]string, len(DCGMMetrics))
 	by := strings.Join(nodeLabels, ", ")
+	selector, pinned := "", ""
+	if matchers != "" {
+		selector, pinned = "{"+matchers+"}", ","+matchers
+	}
 	for i, metric := range DCGMMetrics {
 		// timestamp() drops the metric name: one max-by per metric joined with `or` keeps label sets unique.
-		parts[i] = fmt.Sprintf("max by (%s) (timestamp(%s))", by, metric)
+		parts[i] = fmt.Sprintf("max by (%s) (timestamp(%s%s))", by, metric, selector)
 	}
 	return &PrometheusSource{
 		baseURL:     strings.TrimRight(baseURL, "/"),
@@ -48,7 +66,7 @@ func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Durat
 		timeout:     timeout,
 		maxSkew:     maxSkew,
 		nodeLabels:  nodeLabels,
-		seriesQuery: `{__name__=~"` + strings.Join(DCGMMetrics, "|") + `"}`,
+		seriesQuery: `{__name__=~"` + strings.Join(DCGMMetrics, "|") + `"` + pinned + `}`,
 		timesQuery:  strings.Join(parts, " or "),
 	}
 }

@@ -173,6 +173,8 @@ GPUSCORE_ARGS = frozenset(
     {
         "prometheusURL",
         "prometheusTimeoutSeconds",
+        "exporterJob",
+        "exporterNamespace",
         "gpuUtilThreshold",
         "memUtilThreshold",
         "weightGPUUtil",

@@ -18,7 +18,13 @@ from fastapi import FastAPI
 from gpufleet_extender import __version__, k8s_watch
 from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import MetricsSourceKind, Settings, get_settings
-from gpufleet_extender.metrics_source import FileSource, MetricsSource, PrometheusSource, SnapshotRefresher
+from gpufleet_extender.metrics_source import (
+    FileSource,
+    MetricsSource,
+    PrometheusSource,
+    SnapshotRefresher,
+    exporter_matchers,
+)
 from gpufleet_extender.routers import health, scheduler
 from gpufleet_extender.service import Extender
 from gpufleet_extender.snapshot import MetricsSnapshot
@@ -42,6 +48,7 @@ def build_source(settings: Settings) -> MetricsSource:
         settings.NODE_NAME_LABELS,
         settings.PROMETHEUS_TIMEOUT_SECONDS,
         max_skew=settings.METRICS_MAX_CLOCK_SKEW_SECONDS,
+        matchers=exporter_matchers(settings.EXPORTER_JOB, settings.EXPORTER_NAMESPACE),
     )
 
 

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from gpufleet_extender import __version__, startup
 
@@ -22,6 +23,39 @@ COMMAND_MODULES = {"simulate": "gpufleet_extender.simulate.cli"}
 
 EXIT_CANNOT_LISTEN = 1
 EXIT_BAD_SETTINGS = 2
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn's TLS arguments from --tls-cert-file/--tls-key-file/--tls-client-ca-file; {} for plain HTTP.
+
+    Raises SettingsError (a sentence, no traceback) when only one of the pair is given or the files do not make a
+    certificate and its key: better refused at start than a server that fails every handshake.
+    """
+    import ssl  # here, not at the top: serve's first answer must not wait for imports (startup.py)
+
+    from gpufleet_extender.config import SettingsError
+
+    cert, key, client_ca = args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file
+    if not cert and not key:
+        if client_ca:
+            raise SettingsError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+        return {}
+    if not (cert and key):
+        raise SettingsError("--tls-cert-file and --tls-key-file go together (the certificate and its private key)")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+        if client_ca:
+            context.load_verify_locations(client_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise SettingsError(
+            f"cannot use the TLS files ({cert}, {key}{', ' + client_ca if client_ca else ''}): {exc}"
+        ) from None
+    options = {"ssl_certfile": cert, "ssl_keyfile": key}
+    if client_ca:
+        # Only clients holding a certificate from this CA get a connection (kube-scheduler's tlsConfig certFile).
+        options.update(ssl_ca_certs=client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return options
 
 
 def _installed(module: str) -> bool:
@@ -44,6 +78,7 @@ def _serve(args: argparse.Namespace) -> int:
     get_settings.cache_clear()
     try:
         settings = get_settings()
+        tls = tls_options(args)
     except SettingsError as exc:
         print(f"gpufleet-extender: {exc}", file=sys.stderr)
         responder.handover().close()
@@ -60,6 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         http=args.http or ("httptools" if _installed("httptools") else "h11"),
         loop=args.loop or ("uvloop" if _installed("uvloop") else "asyncio"),
+        **tls,
     )
     uvicorn.Server(config).run(sockets=[responder.handover()])
     return 0
@@ -75,6 +111,13 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     # kube-scheduler waits on every call: the C HTTP parser and event loop take a good part off each request.
     serve.add_argument("--http", choices=["httptools", "h11"], help="default: httptools when installed, else h11")
     serve.add_argument("--loop", choices=["uvloop", "asyncio"], help="default: uvloop when installed, else asyncio")
+    # kube-scheduler sends whole Pod specs (environment values included): serve them over TLS outside a laptop.
+    tls = serve.add_argument_group("TLS (https; without these the extender serves plain http)")
+    tls.add_argument(
+        "--tls-cert-file", help="PEM serving certificate (chain), e.g. tls.crt of a kubernetes.io/tls Secret"
+    )
+    tls.add_argument("--tls-key-file", help="PEM private key of --tls-cert-file (tls.key)")
+    tls.add_argument("--tls-client-ca-file", help="require client certificates issued by this PEM CA (mutual TLS)")
     serve.set_defaults(handler=_serve)
 
 

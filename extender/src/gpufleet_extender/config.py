@@ -55,6 +55,11 @@ class MissingMetricsPolicy(StrEnum):
     DENY = "deny"
 
 
+class FilterReasons(StrEnum):
+    DETAILED = "detailed"  # node names, loads and pools in each reason (a single-tenant cluster, debugging)
+    GENERIC = "generic"  # one sentence per outcome; the details go to the extender's log
+
+
 class KubeApiMode(StrEnum):
     AUTO = "auto"  # in-cluster when running in a pod, else $KUBECONFIG or ~/.kube/config when present
     OFF = "off"
@@ -72,6 +77,11 @@ class Settings(BaseSettings):
 
     PROMETHEUS_URL: str = "http://127.0.0.1:9090"
     PROMETHEUS_TIMEOUT_SECONDS: float = Field(2.0, gt=0, le=60)
+    # The dcgm series are read only from this scrape job and namespace (the labels Prometheus gives the exporter's
+    # targets); empty: any. Pinned, an exporter that someone else runs (a tenant's, under its own job or in its own
+    # namespace) cannot feed the extender. See docs/tenants.md for keeping those labels honest.
+    EXPORTER_JOB: str = ""
+    EXPORTER_NAMESPACE: str = ""
     GPU_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = _DEFAULT_POLICY.gpu_util_threshold
     MEM_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = _DEFAULT_POLICY.mem_util_threshold
     WEIGHT_GPU_UTIL: Fraction = _DEFAULT_POLICY.weight_gpu_util
@@ -87,6 +97,9 @@ class Settings(BaseSettings):
     # dcgm-exporter names the host label `Hostname` in released images and `hostname` in newer ones.
     NODE_NAME_LABELS: Annotated[tuple[str, ...], NoDecode] = ("Hostname", "hostname")
     MAX_BODY_BYTES: int = Field(4 * 1024 * 1024, ge=1024)
+    # FailedNodes reasons end up in the pod's FailedScheduling event, which the pod's tenant reads: "generic" keeps
+    # other pools' node names and loads out of it.
+    FILTER_REASONS: FilterReasons = FilterReasons.DETAILED
     TENANT_LABEL: str = "gpufleet.io/tenant"
     TENANT_POOLS: bool = True
     KUBE_API: KubeApiMode = KubeApiMode.AUTO

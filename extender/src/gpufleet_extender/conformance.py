@@ -55,6 +55,8 @@ FORMAT_VERSION = 1
 ARG_NAMES = {
     "PROMETHEUS_URL": "prometheusURL",
     "PROMETHEUS_TIMEOUT_SECONDS": "prometheusTimeoutSeconds",
+    "EXPORTER_JOB": "exporterJob",
+    "EXPORTER_NAMESPACE": "exporterNamespace",
     "GPU_UTIL_THRESHOLD": "gpuUtilThreshold",
     "MEM_UTIL_THRESHOLD": "memUtilThreshold",
     "WEIGHT_GPU_UTIL": "weightGPUUtil",

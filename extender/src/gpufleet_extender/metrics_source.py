@@ -21,6 +21,7 @@ reported. Each refresh's findings (``FetchReport``) go to ``/readyz`` and a coun
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -265,6 +266,13 @@ class FileSource:
         self._worker.close()
 
 
+def exporter_matchers(job: str = "", namespace: str = "") -> str:
+    """PromQL label matchers pinning series to the exporter's scrape job and namespace ('' for what is not pinned),
+    as ``job="dcgm-exporter",namespace="gpufleet-node-agents"``."""
+    pinned = {"job": job, "namespace": namespace}
+    return ",".join(f"{label}={json.dumps(value)}" for label, value in pinned.items() if value)
+
+
 class PrometheusSource:
     name = "prometheus"
 
@@ -276,6 +284,7 @@ class PrometheusSource:
         clock: Callable[[], float] = time.time,
         transport: httpx.AsyncBaseTransport | None = None,
         max_skew: float = DEFAULT_MAX_CLOCK_SKEW,
+        matchers: str = "",
     ):
         self._client = httpx.AsyncClient(base_url=url, timeout=timeout, transport=transport)
         self._timeout = timeout
@@ -285,12 +294,13 @@ class PrometheusSource:
         self._clock = clock
         self._max_skew = max_skew
         self.report: FetchReport | None = None
-        selector = '{__name__=~"' + "|".join(DCGM_METRICS) + '"}'
-        self._series_query = selector
+        # `matchers` (exporter_matchers) keep out series of the same names from any other scrape job.
+        self._series_query = '{__name__=~"' + "|".join(DCGM_METRICS) + '"' + ("," + matchers if matchers else "") + "}"
+        selector = "{" + matchers + "}" if matchers else ""
         # timestamp() drops the metric name, so one timestamp() over all four metrics would produce duplicate
         # label sets (Prometheus refuses); one per metric, joined with `or`, does not.
         by = ", ".join(node_labels)
-        self._times_query = " or ".join(f"max by ({by}) (timestamp({metric}))" for metric in DCGM_METRICS)
+        self._times_query = " or ".join(f"max by ({by}) (timestamp({metric}{selector}))" for metric in DCGM_METRICS)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import heapq
+import logging
 import math
 import time
 from collections import Counter, OrderedDict
@@ -23,7 +24,7 @@ from operator import attrgetter, not_
 from typing import Any, Final, TypeVar
 
 from gpufleet_extender.cluster import ClusterState
-from gpufleet_extender.config import Settings
+from gpufleet_extender.config import FilterReasons, Settings
 from gpufleet_extender.pods import GpuRequest, pod_gpu_request
 from gpufleet_extender.scoring import (
     NEUTRAL_SCORE,
@@ -54,6 +55,16 @@ class _NoTenant(enum.Enum):
 
 
 _NO_TENANT: Final = _NoTenant.NO_TENANT
+# FILTER_REASONS=generic: what a failing node's reason says, by outcome. The pod's tenant reads these in its
+# FailedScheduling event; the detailed reasons (node, load, pool) go to the log.
+GENERIC_REASONS = {
+    Outcome.OVERLOADED: "GPU devices of the requested kind are loaded above the thresholds",
+    Outcome.MISSING_DENIED: "no fresh GPU metrics for this node (ON_MISSING_METRICS=deny)",
+    Outcome.TENANT_MISMATCH: "node is not in this namespace's tenant pool",
+}
+DETAILS_LOGGED = 20  # failing nodes named in the log line of a pod no node passed
+
+log = logging.getLogger(__name__)
 _outcome_of = attrgetter("outcome")
 _reason_of = attrgetter("reason")
 _V = TypeVar("_V")
@@ -173,6 +184,7 @@ class Extender:
         self.source_warnings = source_warnings  # what the last refresh found wrong in the data, for /readyz
         self.loading = loading  # True until the metrics source answered (or failed) for the first time
         self.policy = Policy.from_settings(settings)
+        self._generic_reasons = settings.FILTER_REASONS is FilterReasons.GENERIC
         self.telemetry = telemetry or Telemetry()
         self.cluster = cluster  # None: no Kubernetes API (no in-flight accounting, tenants only from Nodes)
         self._snapshot = snapshot_provider
@@ -390,7 +402,11 @@ class Extender:
                 verdicts = list(map(table.verdicts.__getitem__, failing))
                 failing_outcomes = list(map(_outcome_of, verdicts))
                 outcomes.update(Counter(failing_outcomes))
-                reasons = list(zip(failing, map(_reason_of, verdicts), strict=True))
+                if self._generic_reasons:
+                    self._log_details(request, len(passed), failing, verdicts)
+                    reasons = list(zip(failing, map(GENERIC_REASONS.__getitem__, failing_outcomes), strict=True))
+                else:
+                    reasons = list(zip(failing, map(_reason_of, verdicts), strict=True))
                 # Preempting pods cannot move a node into another tenant's pool.
                 refused_by_pool = list(map(Outcome.TENANT_MISMATCH.__eq__, failing_outcomes))
                 unresolvable = dict(compress(reasons, refused_by_pool))
@@ -401,6 +417,9 @@ class Extender:
                 if tenant_failures:
                     passed = [i for i in candidates if i not in tenant_failures]
                     outcomes[Outcome.TENANT_MISMATCH] = outcomes.get(Outcome.TENANT_MISMATCH, 0) + len(tenant_failures)
+                    if self._generic_reasons:
+                        generic = GENERIC_REASONS[Outcome.TENANT_MISMATCH]
+                        tenant_failures = dict.fromkeys(tenant_failures, generic)
                     unresolvable.update((names[i], reason) for i, reason in tenant_failures.items())
                     # A node let through without metrics and then refused its pool counts once, as a mismatch.
                     refused_missing = sum(codes[i] == DecisionTable.MISSING_PASSED for i in tenant_failures)
@@ -412,6 +431,28 @@ class Extender:
             count for outcome, count in outcomes.items() if outcome_passes(outcome)
         )
         return encode_filter_result(request.nodes, passed, failed, unresolvable), outcomes
+
+    def _log_details(
+        self, request: SchedulingRequest, passed: int, failing: list[str], verdicts: list[NodeVerdict]
+    ) -> None:
+        """The detailed reasons generic answers leave out: when no node passed (the pod waits, an operator asks
+        why) at INFO, limited to DETAILS_LOGGED nodes; every refusal at DEBUG."""
+        level = logging.INFO if passed == 0 else logging.DEBUG
+        if not log.isEnabledFor(level):
+            return
+        meta = request.pod.metadata
+        shown = verdicts if level == logging.DEBUG else verdicts[:DETAILS_LOGGED]
+        more = len(verdicts) - len(shown)
+        log.log(
+            level,
+            "filter %s/%s: %d passed, %d refused: %s%s",
+            meta.namespace,
+            meta.name,
+            passed,
+            len(failing),
+            "; ".join(verdict.reason for verdict in shown),
+            f"; and {more} more" if more else "",
+        )
 
     def prioritize(self, body: bytes) -> bytes:
         """Answer POST /prioritize: one integer score 0..10 per input node, in input order."""

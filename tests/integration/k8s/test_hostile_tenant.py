@@ -51,12 +51,15 @@ def tenants_applied(control_plane, core, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tenant(control_plane, api, core, tenants_applied, tmp_path_factory) -> k8s.CoreV1Api:
-    """A client for a ServiceAccount of the tenant namespace allowed to create, get and list pods there, and no
-    more (what a hostile tenant's CI job or user typically holds)."""
+    """A client for a ServiceAccount of the tenant namespace allowed to create, get and list pods there, and to bind
+    them (as a tenant running a scheduler of its own would), and no more."""
     rbac = k8s.RbacAuthorizationV1Api(api)
     core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "hostile"}})
-    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list"]}
-    rbac.create_namespaced_role(NAMESPACE, {"metadata": {"name": "pod-creator"}, "rules": [rule]})
+    rules = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list"]},
+        {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+    ]
+    rbac.create_namespaced_role(NAMESPACE, {"metadata": {"name": "pod-creator"}, "rules": rules})
     rbac.create_namespaced_role_binding(
         NAMESPACE,
         {
@@ -383,3 +386,35 @@ def test_spec_changes_after_admission_are_checked_too(hostile, core, api):
     assert "container(s) debug set NVIDIA_* variables" in refused.value.body
     # A label change (no spec change) still goes through on the pod.
     core.patch_namespaced_pod("later", NAMESPACE, {"metadata": {"labels": {"checked": "yes"}}})
+
+
+def bind(client: k8s.CoreV1Api, pod: str, node: str) -> tuple[int, str]:
+    """POST pods/<pod>/binding as `client`; (HTTP status, message). The client's own model cannot read the answer
+    (a Status, not a Binding), hence the raw response."""
+    body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod}, "target": {"kind": "Node", "name": node}}
+    try:
+        answer = client.create_namespaced_pod_binding(pod, NAMESPACE, body, _preload_content=False)
+    except ApiException as err:
+        return err.status, " ".join(json.loads(err.body).get("message", "").split())
+    return answer.status, ""
+
+
+def test_binding_a_pod_to_another_pool_is_refused_and_to_its_own_allowed(hostile, core):
+    """pods/binding is what a scheduler does; a tenant allowed to do it (a scheduler of its own) still binds only
+    to its pool's nodes."""
+    for name in ("bound-elsewhere", "bound-home"):
+        pod = legitimate_pod(name)
+        pod["spec"]["schedulerName"] = "nobody"  # stays pending: the test binds it
+        hostile.create_namespaced_pod(NAMESPACE, pod)
+
+    status, text = bind(hostile, "bound-elsewhere", "hk-gpu-11")
+    assert status == 403, text
+    assert (
+        "tenant finnlp (namespace finnlp): pod bound-elsewhere may be bound only to a node of its pool "
+        "(gpufleet.io/tenant=finnlp), not hk-gpu-11" in text
+    )
+    assert not core.read_namespaced_pod("bound-elsewhere", NAMESPACE).spec.node_name
+
+    status, text = bind(hostile, "bound-home", "hk-gpu-17")
+    assert status == 201, text
+    assert core.read_namespaced_pod("bound-home", NAMESPACE).spec.node_name == "hk-gpu-17"

@@ -46,6 +46,8 @@ def site_run(control_plane, lab_nodes, tmp_path_factory):
             "gpufleet_kubeconfig": str(control_plane.kubeconfig),
             "gpufleet_lab_dir": str(lab_dir),
             "mig_partition_serial": "100%",
+            # No cert-manager on the test cluster: the extender's TLS Secret counts as provided.
+            "gpu_extender_tls_source": "secret",
             **(extra or {}),
         }
         result = run_playbook(playbook, "inventories/lab", extra_vars, lab_dir)
@@ -116,7 +118,11 @@ def test_site_applies_the_fleet_then_changes_nothing(site_run, api, core, lab_no
 def test_a_feature_switched_off_is_removed_in_apply_and_render_mode(api, control_plane, tmp_path):
     """The extender's NetworkPolicy switched off: gone from the cluster (apply), gone from the manifests (render).
     Only the gpu_extender role runs: the rest of site.yml is the test above."""
-    apply = {"gpufleet_k8s_mode": "apply", "gpufleet_kubeconfig": str(control_plane.kubeconfig)}
+    apply = {
+        "gpufleet_k8s_mode": "apply",
+        "gpufleet_kubeconfig": str(control_plane.kubeconfig),
+        "gpu_extender_tls_source": "secret",  # no cert-manager on the test cluster
+    }
     render = {"gpufleet_k8s_mode": "render"}
 
     def extender_role(settings: dict, network_policy: bool, run: str):

@@ -6,6 +6,7 @@ resources, issue 7)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from urllib.parse import urlparse
@@ -178,6 +179,7 @@ def test_variables_reach_the_policy(tmp_path):
         "descheduler_excluded_namespaces": ["kube-system", "finnlp-batch"],
         "descheduler_prometheus_url": "https://prometheus.example.invalid:9091",
         "descheduler_prometheus_auth_secret": "prometheus-token",
+        "descheduler_prometheus_token": "not-to-be-rendered",
         "descheduler_interval": "2m",
     }
     manifests, objects, policy = rendered(tmp_path, extra_vars=extra)
@@ -193,6 +195,10 @@ def test_variables_reach_the_policy(tmp_path):
         "authToken": {"secretReference": {"namespace": "gpufleet-system", "name": "prometheus-token"}},
     }
     assert ("Role", "gpufleet-descheduler-prometheus-token") in objects
+    # The token never reaches a rendered file (apply mode stores it in the Secret, not logged).
+    assert "not-to-be-rendered" not in "".join(path.read_text() for path in manifests.rglob("*") if path.is_file())
+    query = args["metricsUtilization"]["prometheus"]["query"]
+    assert query.count('job="dcgm-exporter",namespace="gpufleet-node-agents"') == query.count("DCGM_FI_")
     container = objects[("Deployment", "descheduler")]["spec"]["template"]["spec"]["containers"][0]
     assert "--descheduling-interval=2m" in container["args"]
 
@@ -223,16 +229,37 @@ def test_query_weighs_only_the_profiles_of_a_hand_made_inventory(tmp_path):
 # --- the query, evaluated --------------------------------------------------------------------------------------
 
 
-def series(name_label: str, host: str, gpu: int, value: float, profile: str = "", instance_id: str = "") -> dict:
-    labels = {name_label: host, "gpu": str(gpu), "instance": f"10.0.0.{gpu}:9400", "job": "dcgm"}
+def series(
+    name_label: str,
+    host: str,
+    gpu: int,
+    value: float,
+    profile: str = "",
+    instance_id: str = "",
+    job: str = "dcgm-exporter",
+    namespace: str = "gpufleet-node-agents",
+) -> dict:
+    labels = {name_label: host, "gpu": str(gpu), "instance": f"10.0.0.{gpu}:9400", "job": job, "namespace": namespace}
     if profile:
         labels |= {"GPU_I_PROFILE": profile, "GPU_I_ID": instance_id}
     text = ",".join(f'{k}="{v}"' for k, v in labels.items())
     return {"series": f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{text}}}", "values": f"{value}x10"}
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) is not installed")
+def require_tool(name: str, package: str) -> str:
+    """The tool's path. Missing: a skip on a developer's machine, a failure in CI (CI is set), where
+    tests/setup-system.sh installs it and a skip would hide that the check never ran."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (Debian package {package!r}, tests/setup-system.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message + "; CI is set, so this is a failure, not a skip")
+        pytest.skip(message)
+    return path
+
+
 def test_query_gives_each_gpu_node_its_slice_weighted_load(tmp_path):
+    require_tool("promtool", "prometheus")
     _, _, policy = rendered(tmp_path)
     query = load_args(policy)["metricsUtilization"]["prometheus"]["query"]
 
@@ -248,6 +275,10 @@ def test_query_gives_each_gpu_node_its_slice_weighted_load(tmp_path):
     inputs += [series("hostname", "hk-gpu-11", gpu, v, p, i) for gpu, p, i, v, _ in mig]
     inputs.append(series("hostname", "hk-gpu-11", 0, 0.99))
     expected["hk-gpu-11"] = sum(v * w for *_, v, w in mig) / sum(w for *_, w in mig)
+    # A tenant's exporter (its own job, its own namespace) claims hk-gpu-01 busy and a node of its own: the query
+    # reads only the fleet exporter's job and namespace, so neither counts.
+    inputs += [series("Hostname", "hk-gpu-01", gpu, 1.0, job="gpu-metrics", namespace="finnlp") for gpu in range(8)]
+    inputs += [series("Hostname", "hk-gpu-66", 0, 1.0, job="dcgm-exporter", namespace="finnlp")]
 
     test_file = tmp_path / "query_test.yml"
     test_file.write_text(
@@ -289,6 +320,19 @@ def test_query_gives_each_gpu_node_its_slice_weighted_load(tmp_path):
 
 
 # --- refused input -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"descheduler_prometheus_url": "http://prometheus.monitoring.svc:9090"}, "must be https://"),
+        ({"descheduler_prometheus_auth_secret": None}, "sends its own service account token"),
+    ],
+)
+def test_plain_http_and_a_missing_token_secret_are_refused(tmp_path, extra, message):
+    result, _ = try_render(["descheduler"], tmp_path, extra_vars=extra)
+    assert result.returncode != 0
+    assert message in " ".join(result.stdout.split())
 
 
 def test_bad_thresholds_fail_with_a_clear_message(tmp_path):

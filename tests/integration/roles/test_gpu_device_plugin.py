@@ -141,12 +141,19 @@ class FakeCluster:
     """Just enough of the Kubernetes API for the refresh: discovery, pods (list/get/delete) and nodes (get).
 
     Each node runs one plugin pod; deleting it makes the node advertise `after[node]` when `plugin_restart_fixes`
-    (the DaemonSet's fresh pod re-enumerated the MIG devices), else it keeps its stale allocatable."""
+    (the DaemonSet's fresh pod re-enumerated the MIG devices), else it keeps its stale allocatable. Like a kubelet,
+    the node changes late: the first `stale_reads` reads of the node after the delete still show the old figures
+    (the new plugin pod starts, registers, and the kubelet's next status update carries the devices)."""
 
-    def __init__(self, before: dict[str, dict], after: dict[str, dict], plugin_restart_fixes: bool):
+    def __init__(
+        self, before: dict[str, dict], after: dict[str, dict], plugin_restart_fixes: bool, stale_reads: int = 0
+    ):
         self.allocatable = {node: dict(resources) for node, resources in before.items()}
         self.after = after
         self.plugin_restart_fixes = plugin_restart_fixes
+        self.stale_reads = stale_reads
+        self.pending: dict[str, int] = {}  # node -> stale reads left before its new allocatable shows
+        self.node_reads: dict[str, int] = {}  # node -> reads since its plugin pod was deleted
         self.pods = {f"nvidia-device-plugin-{node}": node for node in before}
         self.pod_queries: list[dict] = []
         self.deleted: list[str] = []
@@ -188,14 +195,23 @@ class FakeCluster:
                 pod = self.pod(name)
                 node = self.pods.pop(name)
                 self.deleted.append(name)
+                self.node_reads[node] = 0
                 if self.plugin_restart_fixes:
-                    self.allocatable[node] = dict(self.after[node])
+                    self.pending[node] = self.stale_reads
                 return 200, pod
             return 200, self.pod(name)
         if path.startswith("/api/v1/nodes/"):
             node = path.rsplit("/", 1)[1]
             if node not in self.allocatable:
                 return 404, NOT_FOUND
+            if node in self.node_reads:
+                self.node_reads[node] += 1
+            if node in self.pending:
+                if self.pending[node] == 0:
+                    self.allocatable[node] = dict(self.after[node])
+                    del self.pending[node]
+                else:
+                    self.pending[node] -= 1
             status = {"allocatable": self.allocatable[node]}
             return 200, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}, "status": status}
         return 404, NOT_FOUND
@@ -266,6 +282,20 @@ def test_refresh_restarts_only_changed_nodes_and_waits_for_their_layout(tmp_path
     assert cluster.deleted == ["nvidia-device-plugin-n1"]
     assert cluster.pod_queries == [{"labelSelector": PLUGIN_LABELS, "fieldSelector": "spec.nodeName=n1"}]
     assert "1 GPU node(s) with a changed MIG layout: n1." in output
+
+
+def test_refresh_waits_through_a_lagging_kubelet(tmp_path, serve):
+    # The node shows the old figures on the first two reads after the restart: only a wait that polls again passes.
+    cluster = FakeCluster(
+        before={"n1": {"cpu": "64", "nvidia.com/gpu": "1"}},
+        after={"n1": {"cpu": "64", "nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "7"}},
+        plugin_restart_fixes=True,
+        stale_reads=2,
+    )
+    code, output = refresh(tmp_path, serve(cluster), {"n1": True}, {"n1": SEVEN_SMALL})
+    assert code == 0, output[-4000:]
+    assert cluster.deleted == ["nvidia-device-plugin-n1"]
+    assert cluster.node_reads == {"n1": 3}  # two stale reads, then the match: no more polls after it
 
 
 def test_refresh_fails_naming_node_resource_expected_and_actual(tmp_path, serve):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 
 import pytest
@@ -45,7 +47,19 @@ def control_plane_inventory(tmp_path, control_plane: dict[str, str | None]) -> s
 def render_extender(tmp_path, inventory: str, extra_vars=None) -> dict[str, dict]:
     manifests = render_roles(["gpu_extender"], tmp_path, inventory=inventory, extra_vars=extra_vars)
     assert validate_manifests(manifests) > 0
-    return objects({k: v for k, v in load_manifests(manifests).items() if k.startswith("gpu_extender/")})
+    documents = load_manifests(manifests)
+    # The TLS set (cert-manager's CA chain) has two Issuers and two Certificates: tls_objects() reads it.
+    return objects({k: v for k, v in documents.items() if k.startswith("gpu_extender/") and k != TLS_FILE})
+
+
+TLS_FILE = "gpu_extender/tls.yaml"
+
+
+def tls_objects(tmp_path, inventory: str, extra_vars=None) -> dict[tuple[str, str], dict]:
+    """The TLS set's objects keyed by (kind, name); {} when the role delivers none."""
+    manifests = render_roles(["gpu_extender"], tmp_path, inventory=inventory, extra_vars=extra_vars)
+    docs = load_manifests(manifests).get(TLS_FILE, [])
+    return {(doc["kind"], doc["metadata"]["name"]): doc for doc in docs}
 
 
 def run_extender(tmp_path, inventory: str, extra_vars: dict, check_mode: bool = False):
@@ -100,12 +114,15 @@ def test_lab_container_is_hardened_and_probed(lab):
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert container["command"][:6] == ["gpufleet-extender", "serve", "--host", "0.0.0.0", "--port", "8000"]
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
     assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
     assert container["envFrom"] == [{"configMapRef": {"name": lab["ConfigMap"]["metadata"]["name"]}}]
-    # The only writable place is the in-memory /tmp.
-    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    # The only writable place is the in-memory /tmp; the TLS Secret is mounted read-only.
+    assert container["volumeMounts"] == [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "tls", "mountPath": "/etc/gpufleet-extender/tls", "readOnly": True},
+    ]
 
 
 def test_lab_settings_and_service(lab):
@@ -120,7 +137,7 @@ def test_lab_settings_and_service(lab):
     service = lab["Service"]["spec"]
     # The lab pins the ClusterIP the kube_scheduler role's static_pod mode points kube-scheduler at.
     assert service["clusterIP"] == "10.96.0.50"
-    assert service["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert service["ports"] == [{"name": "https", "port": 8000, "targetPort": "https", "protocol": "TCP"}]
 
 
 def test_lab_rbac_is_read_only_and_exactly_what_the_watches_need(lab):
@@ -140,7 +157,7 @@ def test_lab_network_policy_admits_only_scheduler_and_prometheus(lab):
     assert policy["podSelector"] == {"matchLabels": SELECTOR}
     assert policy["policyTypes"] == ["Ingress"]
     (rule,) = policy["ingress"]
-    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert rule["ports"] == [{"port": "https", "protocol": "TCP"}]
     pod_peers = [
         (p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"], p["podSelector"]["matchLabels"])
         for p in rule["from"]
@@ -198,7 +215,9 @@ def test_host_cidrs_and_what_the_config_hash_ignores(tmp_path, small_inventory, 
     # Replicas, ClusterIP and host CIDRs differ from the lab, the extender's settings do not: same hash, no roll.
     assert rendered["ConfigMap"]["data"] == lab["ConfigMap"]["data"]
     assert config_hash(rendered) == config_hash(lab)
-    assert len(config_hash(lab)) == 64
+    # sha256 of the ConfigMap's data as JSON (the role's to_json | hash('sha256')): the settings, nothing else.
+    data_json = json.dumps(lab["ConfigMap"]["data"])
+    assert config_hash(lab) == hashlib.sha256(data_json.encode()).hexdigest()
 
 
 def test_without_api_features_there_is_no_api_access_and_the_pods_roll(tmp_path, small_inventory, lab):
@@ -247,6 +266,7 @@ def test_one_api_feature_is_enough_for_the_read_only_role(tmp_path, small_invent
         ({"gpu_extender_weight_gpu_util": 0.6}, "WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got 0.6 + 0.3 = 0.9)"),
         ({"gpu_extender_gpu_util_threshold": 1.5}, "GPU_UTIL_THRESHOLD: Input should be less than or equal to 1"),
         ({"gpu_extender_prometheus_url": "prometheus:9090"}, "must start with http:// or https://"),
+        ({"gpu_extender_image_digest": "sha256:ABC"}, 'sha256:<64 lower-case hex> or null (got "sha256:ABC")'),
     ],
 )
 def test_bad_settings_fail_with_a_clear_message(tmp_path, extra, shown):
@@ -292,6 +312,39 @@ def test_every_problem_of_the_settings_is_listed_at_once(tmp_path):
         "AUTO_PACK_BELOW + AUTO_HYSTERESIS must be below 1 (got 0.6 + 0.5): auto would never spread",
     ):
         assert problem in output
+
+
+def test_tls_serves_from_the_secret_cert_manager_issues(lab, tmp_path):
+    container = lab["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == [
+        "--tls-cert-file",
+        "/etc/gpufleet-extender/tls/tls.crt",
+        "--tls-key-file",
+        "/etc/gpufleet-extender/tls/tls.key",
+    ]
+    volumes = {v["name"]: v for v in lab["Deployment"]["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "gpufleet-extender-tls"
+    assert [item["key"] for item in volumes["tls"]["secret"]["items"]] == ["tls.crt", "tls.key"]  # never ca.key
+    assert lab["Deployment"]["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 65532
+
+    tls = tls_objects(tmp_path / "lab", "inventories/lab")
+    serving = tls[("Certificate", "gpufleet-extender-tls")]["spec"]
+    assert serving["secretName"] == "gpufleet-extender-tls"
+    assert serving["dnsNames"][0] == "gpufleet-extender.gpufleet-system.svc"
+    assert serving["ipAddresses"] == ["10.96.0.50"]  # the static-pod scheduler calls the fixed ClusterIP
+    assert serving["issuerRef"]["name"] == "gpufleet-extender-ca"
+    assert tls[("Certificate", "gpufleet-extender-ca")]["spec"]["isCA"] is True
+    assert tls[("Issuer", "gpufleet-extender-ca")]["spec"]["ca"] == {"secretName": "gpufleet-extender-ca"}
+
+    own = tls_objects(tmp_path / "own", "inventories/lab", {"gpu_extender_tls_source": "secret"})
+    assert own == {}
+    digest = "sha256:" + "0123456789abcdef" * 4
+    plain = render_extender(
+        tmp_path / "plain", "inventories/lab", {"gpu_extender_tls_enabled": False, "gpu_extender_image_digest": digest}
+    )
+    container = plain["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert "args" not in container and container["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
+    assert container["image"] == f"gpufleet-extender:0.1.0@{digest}"  # pinned: the tag stays readable
 
 
 # --- apply mode -------------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ The KubeSchedulerConfiguration is checked here against an independent strict pyd
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import shutil
@@ -196,7 +198,16 @@ def test_lab_renders_the_secondary_scheduler(tmp_path):
     config = scheduler_config(manifests)
     assert managed_resource_names(config) == FLEET_RESOURCES
     extender = config["extenders"][0]
-    assert extender["urlPrefix"] == "http://gpufleet-extender.gpufleet-system.svc:8000"
+    assert extender["urlPrefix"] == "https://gpufleet-extender.gpufleet-system.svc:8000"
+    # TLS: the CA is the extender Secret's ca.crt, mounted into the scheduler pods (and only that key).
+    assert extender["enableHTTPS"] is True
+    assert extender["tlsConfig"] == {
+        "serverName": "gpufleet-extender.gpufleet-system.svc",
+        "caFile": "/etc/kubernetes/gpufleet-extender-tls/ca.crt",
+    }
+    pod = objects(manifests)[("Deployment", "gpufleet-scheduler")]["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "extender-ca")
+    assert volume["secret"] == {"secretName": "gpufleet-extender-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
     assert (extender["filterVerb"], extender["prioritizeVerb"]) == ("filter", "prioritize")
     assert extender["weight"] == 3 and extender["httpTimeout"] == "500ms"
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is True
@@ -283,6 +294,10 @@ def test_lab_renders_the_plugin_scheduler_with_the_extenders_settings(tmp_path):
     assert (args["weightGPUUtil"], args["weightMemUtil"], args["gpuUtilThreshold"]) == (0.7, 0.3, 0.8)
     assert args["nodeNameLabels"] == ["Hostname", "hostname"] and args["tenantPools"] is True
     assert args["scoringStrategy"] == "spread" and args["metricsMaxAgeSeconds"] == 30
+    assert (args["exporterJob"], args["exporterNamespace"]) == ("dcgm-exporter", "gpufleet-node-agents")
+    # No extender in the profile: nothing of its TLS Secret is mounted (it need not exist).
+    volumes = objects(manifests)[("Deployment", "gpufleet-scheduler")]["spec"]["template"]["spec"]["volumes"]
+    assert [v["name"] for v in volumes] == ["config"]
 
     deployment = objects(manifests)[("Deployment", "gpufleet-scheduler")]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -302,7 +317,7 @@ def test_plugin_mode_follows_the_extenders_settings_and_can_keep_the_extender(tm
     args = config["profiles"][0]["pluginConfig"][0]["args"]
     assert (args["scoringStrategy"], args["gpuUtilThreshold"], args["metricsRefreshSeconds"]) == ("pack", 0.7, 2)
     assert config["profiles"][0]["plugins"]["score"]["enabled"] == [{"name": "GPUScore", "weight": 5}]
-    assert config["extenders"][0]["urlPrefix"] == "http://gpufleet-extender.gpufleet-system.svc:8000"
+    assert config["extenders"][0]["urlPrefix"] == "https://gpufleet-extender.gpufleet-system.svc:8000"
 
 
 def test_gpuscore_is_refused_outside_plugin_mode(tmp_path):
@@ -352,7 +367,13 @@ def test_hongkong_static_pod_mode_renders_a_config_and_patched_manifest_per_cont
     for host in ("hk-cp-01", "hk-cp-02", "hk-cp-03"):
         config = scheduler_config(manifests, f"kube_scheduler/{host}/scheduler-config.yaml")
         assert managed_resource_names(config) == FLEET_RESOURCES
-        assert config["extenders"][0]["urlPrefix"] == f"http://{CLUSTER_IP}:8000"
+        assert config["extenders"][0]["urlPrefix"] == f"https://{CLUSTER_IP}:8000"
+        # Render mode cannot read the CA from the cluster: the file is expected in the mounted config directory;
+        # the certificate is checked against the Service's name although the ClusterIP is called.
+        assert config["extenders"][0]["tlsConfig"] == {
+            "serverName": "gpufleet-extender.gpufleet-system.svc",
+            "caFile": "/etc/kubernetes/gpufleet/extender-ca.crt",
+        }
         assert config["profiles"] == [{"schedulerName": "default-scheduler"}]
         # With --config, kube-scheduler ignores kubeadm's --kubeconfig flag: the file must carry it.
         assert config["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"
@@ -360,7 +381,11 @@ def test_hongkong_static_pod_mode_renders_a_config_and_patched_manifest_per_cont
         pod = yaml.safe_load((manifests / f"kube_scheduler/{host}/kube-scheduler.yaml").read_text())
         command = pod["spec"]["containers"][0]["command"]
         assert command.count("--config=/etc/kubernetes/gpufleet/scheduler-config.yaml") == 1
-        assert len(pod["metadata"]["annotations"]["gpufleet.io/scheduler-config-hash"]) == 16
+        # The annotation is the first 16 hex digits of the sha256 of the very file the pod mounts: a change of the
+        # file rolls the pod, and nothing else does.
+        config_text = (manifests / f"kube_scheduler/{host}/scheduler-config.yaml").read_bytes()
+        expected_hash = hashlib.sha256(config_text).hexdigest()[:16]
+        assert pod["metadata"]["annotations"]["gpufleet.io/scheduler-config-hash"] == expected_hash
 
 
 def test_static_pod_mode_takes_an_ipv6_cluster_ip(tmp_path):
@@ -368,7 +393,7 @@ def test_static_pod_mode_takes_an_ipv6_cluster_ip(tmp_path):
     result = render_static_pod(tmp_path, inventory, {"gpu_extender_cluster_ip": "fd00:10:96::50"})
     assert result.returncode == 0, result.stdout[-4000:]
     config = scheduler_config(tmp_path / "manifests", "kube_scheduler/cp-1/scheduler-config.yaml")
-    assert config["extenders"][0]["urlPrefix"] == "http://[fd00:10:96::50]:8000"
+    assert config["extenders"][0]["urlPrefix"] == "https://[fd00:10:96::50]:8000"
 
 
 # --- managedResources derived from hand-made inventories -------------------------------------------------------------
@@ -551,6 +576,8 @@ def apply_static_pod(tmp_path: Path, node, extra_vars: dict | None = None, check
         "gpufleet_k8s_mode": "apply",
         "kube_scheduler_mode": "static_pod",
         "gpu_extender_cluster_ip": CLUSTER_IP,
+        # Inline: apply mode would otherwise read the extender's CA from the cluster (there is none here).
+        "kube_scheduler_extender_tls_ca": (KUBEADM_MANIFEST.parent / "extender-ca.crt").read_text(),
         "kube_scheduler_static_pod_manifest": str(node.manifest),
         "kube_scheduler_config_dir": str(node.config_dir),
         "kube_scheduler_livez_url": node.url,
@@ -601,6 +628,14 @@ def test_static_pod_rollout_is_idempotent_and_rolls_back_a_refused_config(tmp_pa
     assert yaml.safe_load(config)["extenders"][0]["managedResources"] == [
         {"name": "nvidia.com/gpu", "ignoredByScheduler": False}
     ]
+    # https to the ClusterIP, the certificate checked against the Service's name and the CA given inline.
+    extender = yaml.safe_load(config)["extenders"][0]
+    ca = (KUBEADM_MANIFEST.parent / "extender-ca.crt").read_bytes()
+    assert extender["urlPrefix"] == f"https://{CLUSTER_IP}:8000"
+    assert extender["tlsConfig"] == {
+        "serverName": "gpufleet-extender.gpufleet-system.svc",
+        "caData": base64.b64encode(ca).decode(),
+    }
     backups = sorted(p.name for p in (node.config_dir / "backup").iterdir())
     assert [name.split(".yaml.")[0] for name in backups] == ["kube-scheduler"]  # no config existed before
     assert (node.config_dir / "backup" / backups[0]).read_bytes() == KUBEADM_MANIFEST.read_bytes()

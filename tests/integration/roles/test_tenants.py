@@ -173,9 +173,15 @@ def test_lab_admission_policy_per_tenant(lab_documents):
     against the apiserver in tests/integration/k8s/test_hostile_tenant.py)."""
     policies = {name: doc for (_, name), doc in by_kind(lab_documents, "ValidatingAdmissionPolicy").items()}
     bindings = {name: doc for (_, name), doc in by_kind(lab_documents, "ValidatingAdmissionPolicyBinding").items()}
-    assert set(policies) == set(bindings) == {f"gpufleet-tenant-{t}" for t in ("llm", "imagegen", "finnlp")}
+    tenants = ("llm", "imagegen", "finnlp")
+    assert set(policies) == set(bindings) == {f"gpufleet-tenant-{t}{s}" for t in tenants for s in ("", "-binding")}
     for name, binding in bindings.items():
         assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+    # pods/binding: only to the pool's nodes (the lab's finnlp pool is hk-gpu-17..20).
+    binding_policy = policies["gpufleet-tenant-finnlp-binding"]["spec"]
+    assert binding_policy["matchConstraints"]["resourceRules"][0]["resources"] == ["pods/binding"]
+    (rule,) = binding_policy["validations"]
+    assert rule["expression"] == 'object.target.name in ["hk-gpu-17", "hk-gpu-18", "hk-gpu-19", "hk-gpu-20"]'
 
     spec = policies["gpufleet-tenant-finnlp"]["spec"]
     assert spec["failurePolicy"] == "Fail"

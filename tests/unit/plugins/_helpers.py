@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from itertools import product
 from pathlib import Path
 
@@ -15,8 +16,9 @@ REPO = Path(__file__).resolve().parents[3]
 H100 = Catalog.from_table(H100_80GB)
 H200 = Catalog.from_table(H200_141GB)
 
-_spec = importlib.util.spec_from_file_location("mig_transitions", REPO / "benchmarks" / "mig_transitions.py")
+_spec = importlib.util.spec_from_file_location("bench_mig", REPO / "benchmarks" / "bench_mig.py")
 bench = importlib.util.module_from_spec(_spec)
+sys.modules["bench_mig"] = bench  # dataclasses look their module up there
 _spec.loader.exec_module(bench)
 
 

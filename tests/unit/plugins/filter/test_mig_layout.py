@@ -77,8 +77,10 @@ def test_h200_product_table():
         ({"1g.10gb": 8}, "8 x 1g.10gb requested, at most 7"),
         ({"4g.40gb": 1, "3g.40gb": 1, "1g.10gb": 1}, "needs 8 compute slices"),
         ({"1g.20gb": 3, "3g.40gb": 1}, "needs 10 memory slices"),
-        ({"2g.20gb": 3, "1g.20gb": 1, "1g.10gb": 0}, None),  # valid: 2g at 0/2/4, 1g.20gb at 6
-        ({"3g.40gb": 1, "2g.20gb": 2}, None),  # valid only with 3g.40gb at 4 (largest-first greedy puts it at 0)
+        # valid: 2g at 0/2/4, 1g.20gb at 6 (a zero count is no resource)
+        ({"2g.20gb": 3, "1g.20gb": 1, "1g.10gb": 0}, {"nvidia.com/mig-2g.20gb": 3, "nvidia.com/mig-1g.20gb": 1}),
+        # valid only with 3g.40gb at 4 (largest-first greedy puts it at 0)
+        ({"3g.40gb": 1, "2g.20gb": 2}, {"nvidia.com/mig-3g.40gb": 1, "nvidia.com/mig-2g.20gb": 2}),
         ({"foo": 1}, "not a MIG profile name"),
         ({"1g.10gb": -1}, "must be >= 0"),
         ({"1g.10gb": True}, "must be an integer"),
@@ -86,8 +88,8 @@ def test_h200_product_table():
 )
 def test_validation_messages(mig_devices, message):
     config = [{"devices": "all", "mig_enabled": True, "mig_devices": mig_devices}]
-    if message is None:
-        assert instances(config, 1)
+    if isinstance(message, dict):  # a valid layout: exactly these resources
+        assert resources(config, 1) == message
         return
     with pytest.raises(AnsibleFilterError, match=message):
         resources(config, 1)

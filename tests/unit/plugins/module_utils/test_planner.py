@@ -139,6 +139,24 @@ def test_busy_instance_is_kept_in_preference_to_an_idle_one():
     assert [i.gi_id for i in plan.destroy] == [1]
 
 
+@pytest.mark.parametrize("force", [False, True], ids=["no-force", "force"])
+def test_busy_instance_is_kept_where_geometry_leaves_a_choice(force):
+    # Either 1g.20gb can stay: 3g.40gb fits at 4 (keep the one at 0) or at 0 (keep the one at 4). Only the rule
+    # "busy first" decides, so the idle one at 0 goes, with or without force, and the running job is untouched.
+    state = _state([_inst(1, "1g.20gb", 0), _inst(2, "1g.20gb", 4, pids=[4242])])
+    plan = plan_gpu(state, GpuTarget(True, {"1g.20gb": 1, "3g.40gb": 1}, 0), H100, force=force)
+    assert [i.gi_id for i in plan.destroy] == [1]
+    assert [s.as_dict() for s in plan.create] == [{"profile": "3g.40gb", "start": 0}]
+
+
+def test_idle_instances_keep_the_lowest_placement_when_nothing_is_busy():
+    # The same layout with nobody busy: keeping either one destroys one instance; the first (lowest) stays.
+    state = _state([_inst(1, "1g.20gb", 0), _inst(2, "1g.20gb", 4)])
+    plan = plan_gpu(state, GpuTarget(True, {"1g.20gb": 1, "3g.40gb": 1}, 0), H100, force=False)
+    assert [i.gi_id for i in plan.destroy] == [2]
+    assert [s.as_dict() for s in plan.create] == [{"profile": "3g.40gb", "start": 4}]
+
+
 def test_busy_instance_refusal_names_gpu_instance_and_pids():
     state = _state([_inst(5, "7g.80gb", 0, pids=[111, 222])])
     with pytest.raises(
