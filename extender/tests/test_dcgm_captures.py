@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from exposition import DeviceLoad, render_exposition
 
-from gpufleet_extender.exposition import DeviceLoad, render_exposition
 from gpufleet_extender.metrics_source import NO_DCGM_SERIES, load_file
 from gpufleet_extender.snapshot import DeviceMetrics
 
