@@ -5,7 +5,7 @@ For each pool (its inventory layout, about half of the instances held by pods, s
 whether the search was exact, the demand served against the demand and the upper bound (compute slices), the
 instances destroyed and created, the largest number of count vectors held, and the time. It checks, and exits 1
 otherwise, that no allocated instance is destroyed and that every changed GPU destroys exactly the brute-force
-minimum for its new layout (benchmarks/mig_transitions.py's reference, as `make bench-mig` does).
+minimum for its new layout (benchmarks/bench_mig.py's reference, as `make bench-mig` does).
 
     python3 benchmarks/mig_advice.py [--seed 1] [--max-states 200]
 """
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mig_transitions
+import bench_mig
 from ansible_collections.gpufleet.mig.plugins.module_utils.advisor import CurrentInstance, GpuNow, advise
 from ansible_collections.gpufleet.mig.plugins.module_utils.planner import Catalog
 from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import H100_80GB
@@ -71,9 +71,7 @@ def check(gpus: list[GpuNow], advice) -> list[str]:
         if lost:
             problems.append(f"{gpu.node} GPU {gpu.index}: allocated instance(s) destroyed: {lost}")
         if gpu.changed:
-            minimum = mig_transitions.minimum_destroyed(
-                [(i.profile, i.start) for i in current.instances], gpu.counts(), H100
-            )
+            minimum = bench_mig.minimum_destroyed([(i.profile, i.start) for i in current.instances], gpu.counts(), H100)
             if len(gpu.destroy) != minimum:
                 problems.append(f"{gpu.node} GPU {gpu.index}: destroys {len(gpu.destroy)}, minimum {minimum}")
     return problems

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The closing block of `make lab`: the fleet, the placement simulator's verdict, the goals, and where things are.
 
 Reads what the lab's steps left in the lab directory (default build/lab): fleet-summary.txt (written by

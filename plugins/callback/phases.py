@@ -9,12 +9,6 @@ way), and a recap.
 
 from __future__ import annotations
 
-import re
-import textwrap
-from collections import Counter
-
-from ansible.plugins.callback.default import CallbackModule as DefaultCallback
-
 DOCUMENTATION = r"""
 name: phases
 type: stdout
@@ -30,6 +24,12 @@ extends_documentation_fragment:
 requirements:
   - set as stdout callback in configuration
 """
+
+import re
+import textwrap
+from collections import Counter
+
+from ansible.plugins.callback.default import CallbackModule as DefaultCallback
 
 # Task names may end in a templated detail per host ("Write the layout (/path/of/hk-gpu-07)"): grouped without it.
 _DETAIL = re.compile(r"\s*\([^()]*\)$")

@@ -65,6 +65,17 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     return counters
 
 
+def changed_tasks(output: str) -> list[str]:
+    """The tasks a run reports changed, for the failure message (the default callback's TASK banners)."""
+    names, task = [], None
+    for line in output.splitlines():
+        if banner := re.match(r"^TASK \[(.*)\]", line):
+            task = banner.group(1)
+        elif line.startswith("changed:") and task not in names:
+            names.append(task)
+    return names
+
+
 def exists(api, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
     resource = dynamic.DynamicClient(api).resources.get(api_version=api_version, kind=kind)
     try:
@@ -110,9 +121,10 @@ def test_site_applies_the_fleet_then_changes_nothing(site_run, api, core, lab_no
     missing = [f"{kind} {ns}/{name}" for ver, kind, name, ns in expected if not exists(api, ver, kind, name, ns)]
     assert missing == []
 
-    second = recap(site_run())
+    output = site_run()
+    second = recap(output)
     changed = {host: counters["changed"] for host, counters in second.items() if counters["changed"]}
-    assert changed == {}, f"the second run changed something: {changed}"
+    assert changed == {}, f"the second run changed something: {changed}; tasks: {changed_tasks(output)}"
 
 
 def test_a_feature_switched_off_is_removed_in_apply_and_render_mode(api, control_plane, tmp_path):

@@ -27,7 +27,7 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.runner import apply
 from support import REPO
 
 H100 = Catalog.from_table(H100_80GB)
-_spec = importlib.util.spec_from_file_location("mig_transitions", REPO / "benchmarks" / "mig_transitions.py")
+_spec = importlib.util.spec_from_file_location("bench_mig", REPO / "benchmarks" / "bench_mig.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 

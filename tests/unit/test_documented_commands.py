@@ -219,7 +219,7 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
         requirement = re.match(r"[A-Za-z0-9_.-]+", args[1]).group(0)
         assert requirement in (REPO / "requirements.txt").read_text(), f"{block}: {requirement} not in requirements.txt"
     else:
-        pytest.fail(f"{block}: no check for the command {command!r}: add one to tests/unit/test_docs.py")
+        pytest.fail(f"{block}: no check for the command {command!r}: add one to tests/unit/test_documented_commands.py")
 
 
 def _check_extender_cli(args: list[str], block: Block, tmp_path: Path, lab_files: dict[str, str]) -> None:
@@ -322,7 +322,7 @@ def check_yaml(block: Block, hongkong, tmp_path: Path) -> None:
         for variable in data:
             assert variable in (ROLES / "tenants/meta/argument_specs.yml").read_text(), f"{block}: no {variable}"
     else:
-        pytest.fail(f"{block}: no check for this YAML example: add one to tests/unit/test_docs.py")
+        pytest.fail(f"{block}: no check for this YAML example: add one to tests/unit/test_documented_commands.py")
 
 
 @pytest.mark.parametrize("block", [b for b in ALL if b.tag == "yaml"], ids=str)
