@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+import sys
 from itertools import product
 
 import pytest
@@ -29,6 +30,7 @@ from support import REPO
 H100 = Catalog.from_table(H100_80GB)
 _spec = importlib.util.spec_from_file_location("bench_mig", REPO / "benchmarks" / "bench_mig.py")
 bench = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = bench  # its dataclasses look their module up there
 _spec.loader.exec_module(bench)
 
 SMALL = ("1g.10gb", "2g.20gb", "3g.40gb")
