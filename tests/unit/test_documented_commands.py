@@ -207,7 +207,8 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
     elif program in ("docker", "podman"):
         if args[0] == "build":
             image, context = args[args.index("-t") + 1], args[-1]
-            assert (REPO / context / "Dockerfile").is_file(), f"{block}: no Dockerfile in {context}"
+            dockerfile = REPO / args[args.index("-f") + 1] if "-f" in args else REPO / context / "Dockerfile"
+            assert dockerfile.is_file() and (REPO / context).is_dir(), f"{block}: no {dockerfile} / context {context}"
             built.add(image)
         else:
             image = args[-1]
@@ -321,6 +322,18 @@ def check_yaml(block: Block, hongkong, tmp_path: Path) -> None:
     elif isinstance(data, dict) and set(data) <= set(_role_text("tenants").split()) | {"tenants_quota_overrides"}:
         for variable in data:
             assert variable in (ROLES / "tenants/meta/argument_specs.yml").read_text(), f"{block}: no {variable}"
+    elif isinstance(data, dict) and data.get("version") == "v1" and "demand" in data:
+        # A mig_layout_advice demand file: read by the module's own reader, profiles of the fleet's GPUs.
+        from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import H100_80GB
+        from ansible_collections.gpufleet.mig.plugins.modules.mig_layout_advice import _read_demand_file
+
+        path = tmp_path / "demand.yml"
+        path.write_text(yaml.safe_dump(data))
+        document = _read_demand_file(str(path))
+        names = {profile.name for profile in H100_80GB.profiles}
+        for key in ("demand", "minimums"):
+            assert set(document.get(key, {})) <= names, f"{block}: {key} names a profile an H100 does not have"
+        assert set(document.get("allowed_profiles", [])) <= names, f"{block}: allowed_profiles"
     else:
         pytest.fail(f"{block}: no check for this YAML example: add one to tests/unit/test_documented_commands.py")
 

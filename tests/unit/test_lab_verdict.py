@@ -42,7 +42,10 @@ def _lab(tmp_path: Path, cov_met: bool) -> Path:
         },
         "goals": [{"goal": "auto hot placements <= spread's (peak-hour)", "passed": None, "detail": "-"}],
     }
-    for run, document in (("sim", mixed), ("sim-quiet", quiet)):
+    # The shared-device and tensor-parallel runs: figures without goals judged here.
+    shared = {"fleet": {"replicas": 1, "sharing": {"finnlp:nvidia.com/mig-1g.10gb": 4}}, "trace": {"pods": 80}}
+    tp = {"trace": {"pods": 60}}
+    for run, document in (("sim", mixed), ("sim-quiet", quiet), ("sim-shared", shared), ("sim-tp", tp)):
         (lab / run).mkdir()
         (lab / run / "results.json").write_text(json.dumps(document))
     (lab / "sim" / "node_load.png").write_bytes(b"\x89PNG")

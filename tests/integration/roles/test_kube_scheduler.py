@@ -229,7 +229,14 @@ def test_secondary_objects_wire_config_hash_rbac_and_leader_election(tmp_path):
     pod = deployment["spec"]["template"]
     container = pod["spec"]["containers"][0]
     assert container["command"] == ["kube-scheduler", "--config=/etc/kubernetes/gpufleet/scheduler-config.yaml"]
-    assert pod["spec"]["volumes"] == [{"name": "config", "configMap": {"name": "gpufleet-scheduler-config"}}]
+    assert pod["spec"]["volumes"] == [
+        {"name": "config", "configMap": {"name": "gpufleet-scheduler-config"}},
+        # the CA of the extender's serving certificate (https), only ca.crt of its TLS Secret
+        {
+            "name": "extender-ca",
+            "secret": {"secretName": "gpufleet-extender-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+        },
+    ]
     assert pod["spec"]["serviceAccountName"] == "gpufleet-scheduler"
     assert deployment["spec"]["replicas"] == 2
     assert ("PodDisruptionBudget", "gpufleet-scheduler") in rendered
