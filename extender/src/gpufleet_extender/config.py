@@ -256,8 +256,9 @@ def _valid_rule_fields(data: Any, bad: set[str]) -> dict[str, Any]:
     return values
 
 
-class _MappingOnlySettings(Settings):
-    """Settings from the given mapping alone (no environment), for checking a ConfigMap before it is deployed."""
+class MappingOnlySettings(Settings):
+    """Settings from the given mapping alone, no environment: a ConfigMap checked before it is deployed, the
+    conformance vectors (their output must not depend on the environment)."""
 
     @classmethod
     def settings_customise_sources(
@@ -318,7 +319,7 @@ def check_settings(values: Mapping[str, Any]) -> Settings:
     The environment of the caller is not read: this is the check of a ConfigMap before it is deployed.
     """
     try:
-        return _MappingOnlySettings(**{str(key).upper(): value for key, value in values.items()})
+        return MappingOnlySettings(**{str(key).upper(): value for key, value in values.items()})
     except ValidationError as exc:
         raise _settings_error(exc) from None
 

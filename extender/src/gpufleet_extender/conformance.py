@@ -30,9 +30,8 @@ from typing import Any, TypedDict
 
 import msgspec
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from gpufleet_extender.config import Settings, SettingsError
+from gpufleet_extender.config import MappingOnlySettings, Settings, SettingsError
 from gpufleet_extender.metrics_source import PrometheusSource
 from gpufleet_extender.pods import ResourceRequest, pod_gpu_request
 from gpufleet_extender.scoring import (
@@ -89,28 +88,13 @@ class _Tenants(TypedDict):
     nodeTenants: dict[str, str]
 
 
-class _ArgsOnly(Settings):
-    """Settings from the given values alone: the generator's output must not depend on the environment."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
-
-
 def settings_of(args: dict[str, Any]) -> Settings:
     """The extender's Settings for plugin ``args``; SettingsError when the extender would refuse them."""
     unknown = sorted(set(args) - set(SETTING_NAMES))
     if unknown:
         raise SettingsError(f"unknown arguments {unknown}")
     try:
-        return _ArgsOnly(**{SETTING_NAMES[name]: value for name, value in args.items()})
+        return MappingOnlySettings(**{SETTING_NAMES[name]: value for name, value in args.items()})
     except ValidationError as exc:
         raise SettingsError(str(exc)) from None
 
