@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from gpufleet_extender.wire import WireError, decode_args, encode_filter_result, encode_priorities
+from gpufleet_extender.wire import (
+    WireError,
+    decode_args,
+    encode,
+    encode_filter_pieces,
+    encode_filter_result,
+    encode_priorities,
+)
 
 from extender_helpers import body, make_pod, names_args, node_obj, nodes_args
 
@@ -101,3 +108,26 @@ def test_all_passed_answer_is_the_same_json_as_the_general_one():
     general = encode_filter_result(request.nodes, [0, 1, 2], {}, {})
     assert json.loads(fast) == json.loads(general)
     assert json.loads(fast)["NodeNames"] == ["n1", "café", 'x"y']
+
+
+@pytest.mark.parametrize(
+    ("passed", "failed", "unresolvable"),
+    [
+        (["n0", "n2"], {"n1": 'n1: "quoted" \\ reason é'}, {"n3": "n3: not in pool a"}),
+        ([], {"n1": "x"}, {}),
+        (["n0"], {}, {"n1": "y", "n2": "z"}),
+    ],
+)
+def test_an_answer_joined_from_pieces_is_the_encoders_answer_byte_for_byte(passed, failed, unresolvable):
+    names = [*passed, *failed, *unresolvable]
+    request = decode_args(json.dumps({"Pod": {}, "NodeNames": names}).encode())
+
+    def joined(items):
+        return b",".join(items)
+
+    pieces = encode_filter_pieces(
+        joined(encode(name) for name in passed),
+        joined(encode(name) + b":" + encode(reason) for name, reason in failed.items()),
+        joined(encode(name) + b":" + encode(reason) for name, reason in unresolvable.items()),
+    )
+    assert pieces == encode_filter_result(request.nodes, list(range(len(passed))), failed, unresolvable)

@@ -17,9 +17,9 @@ import heapq
 import logging
 import math
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable
-from itertools import compress
+from itertools import compress, islice
 from operator import attrgetter, not_
 from typing import Any, Final, TypeVar
 
@@ -41,11 +41,19 @@ from gpufleet_extender.scoring import (
 )
 from gpufleet_extender.snapshot import EMPTY_SNAPSHOT, MetricsSnapshot, NodeMetrics
 from gpufleet_extender.telemetry import Telemetry
-from gpufleet_extender.wire import HostPriority, SchedulingRequest, decode_args, encode, encode_filter_result
+from gpufleet_extender.wire import (
+    HostPriority,
+    SchedulingRequest,
+    decode_args,
+    encode,
+    encode_filter_pieces,
+    encode_filter_result,
+)
 
 MAX_SHAPES = 128  # decision tables kept, least recently used dropped first
 WARM_SHAPES = 8  # tables filled in the background after a new snapshot; others fill on demand
 _WARM_CHUNK = 64  # nodes evaluated between two yields to the event loop while warming
+_EPOCHS_KEPT = 64  # a table's recent drops kept for checking remembered answers; older answers are recomputed
 
 
 class _NoTenant(enum.Enum):
@@ -67,6 +75,12 @@ DETAILS_LOGGED = 20  # failing nodes named in the log line of a pod no node pass
 log = logging.getLogger(__name__)
 _outcome_of = attrgetter("outcome")
 _reason_of = attrgetter("reason")
+
+
+def _generic_reason_of(verdict: NodeVerdict) -> str:
+    return GENERIC_REASONS[verdict.outcome]
+
+
 _V = TypeVar("_V")
 
 
@@ -90,16 +104,29 @@ class DecisionTable:
 
     ``codes`` maps a node to FAILED, PASSED, or MISSING_PASSED (passed without usable metrics, as
     ON_MISSING_METRICS=allow lets it): truthy exactly when the node passes, so the filter splits the
-    candidates with C-level map/compress/count. Every mapping fills itself on first access.
+    candidates with C-level map/compress/count. The ``*_json`` mappings hold each node's piece of an answer
+    already encoded, so an answer is joined from bytes rather than encoded anew. Every mapping fills itself
+    on first access.
     """
 
     FAILED, PASSED, MISSING_PASSED = 0, 1, 2
 
-    def __init__(self, verdict_of: Callable[[str], NodeVerdict], limit: Callable[[], int]):
+    def __init__(
+        self,
+        verdict_of: Callable[[str], NodeVerdict],
+        limit: Callable[[], int],
+        reason_of: Callable[[NodeVerdict], str],
+    ):
+        self._reason_of = reason_of
         self.verdicts = _ByName(verdict_of, limit)
         self.codes = _ByName(self._code, limit)
         self.priority_json = _ByName(self._priority_json, limit)
-        self.epoch = 0  # steps whenever entries are dropped: answers remembered before are void
+        self.name_json = _ByName(encode, limit)  # '"node"', a passing node's item in NodeNames
+        self.failure_json = _ByName(self._failure_json, limit)  # '"node":"reason"', a failing node's entry
+        self._mappings = (self.verdicts, self.codes, self.priority_json, self.name_json, self.failure_json)
+        self.epoch = 0  # steps whenever entries are dropped: answers remembered before are checked again
+        # The names dropped by each of the last epochs (None: all of them), newest last.
+        self._dropped: deque[frozenset[str] | None] = deque(maxlen=_EPOCHS_KEPT)
 
     def verdict(self, name: str) -> NodeVerdict:
         return self.verdicts[name]
@@ -113,23 +140,43 @@ class DecisionTable:
     def _priority_json(self, name: str) -> bytes:
         return encode(HostPriority(name, self.verdict(name).score))
 
+    def _failure_json(self, name: str) -> bytes:
+        return encode(name) + b":" + encode(self._reason_of(self.verdict(name)))
+
     def forget(self, names: Collection[str] | None) -> None:
         """Drop the entries of ``names`` (None: all), to be computed again when next asked about."""
         held = len(self.verdicts)
         if names is None or len(names) * 4 > held:  # most of the table: starting over is cheaper
-            if held or self.codes or self.priority_json:
-                self.verdicts.clear()
-                self.codes.clear()
-                self.priority_json.clear()
+            if any(self._mappings):
+                for mapping in self._mappings:
+                    mapping.clear()
                 self.epoch += 1
+                self._dropped.append(None)
             return
         dropped = False
-        for mapping in (self.verdicts, self.codes, self.priority_json):
+        for mapping in self._mappings:
             for name in names:
                 if mapping.pop(name, None) is not None:
                     dropped = True
         if dropped:
             self.epoch += 1
+            self._dropped.append(frozenset(names))
+
+    def dropped_since(self, epoch: int) -> set[str] | None:
+        """The names whose entries were dropped after ``epoch``; None when that is not known (or all were)."""
+        behind = self.epoch - epoch
+        if behind > len(self._dropped):
+            return None
+        names: set[str] = set()
+        for dropped in islice(reversed(self._dropped), behind):
+            if dropped is None:
+                return None
+            names |= dropped
+        return names
+
+
+# What a filter answer said of each candidate: its code when it passed, (outcome, encoded entry) when it failed.
+AnswerBasis = dict[str, int | tuple[Outcome, bytes]]
 
 
 class _AnswerMemo:
@@ -137,27 +184,57 @@ class _AnswerMemo:
 
     kube-scheduler sends pods of one workload in a row with the same candidate list; answering those from
     the list's bytes skips decoding and looking up thousands of names. Entries belong to one DecisionTable
-    in one epoch and are ignored once any of its entries was dropped.
+    in one epoch. Once entries of that table were dropped (a pod bound, a node's new sample), an answer kept
+    with its basis is checked against the dropped nodes only and still used when none of them changed what
+    it says; others are computed again.
     """
 
     def __init__(self, size: int = 16):
         self._size = size
-        self._entries: OrderedDict[tuple[str, int, bytes], tuple[DecisionTable, int, bytes, dict[Outcome, int]]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[
+            tuple[str, int, bytes], tuple[DecisionTable, int, bytes, dict[Outcome, int], AnswerBasis | None]
+        ] = OrderedDict()
 
     def get(self, verb: str, table: DecisionTable, names_json: bytes) -> tuple[bytes, dict[Outcome, int]] | None:
-        entry = self._entries.get((verb, id(table), names_json))
-        if entry is None or entry[0] is not table or entry[1] != table.epoch:
+        key = (verb, id(table), names_json)
+        entry = self._entries.get(key)
+        if entry is None or entry[0] is not table:
             return None
-        return entry[2], entry[3]
+        kept, epoch, answer, outcomes, basis = entry
+        if epoch != table.epoch:
+            if basis is None or not _still_true(table, epoch, basis):
+                return None
+            self._entries[key] = (kept, table.epoch, answer, outcomes, basis)
+        return answer, outcomes
 
     def put(
-        self, verb: str, table: DecisionTable, names_json: bytes, answer: bytes, outcomes: dict[Outcome, int]
+        self,
+        verb: str,
+        table: DecisionTable,
+        names_json: bytes,
+        answer: bytes,
+        outcomes: dict[Outcome, int],
+        basis: AnswerBasis | None = None,
     ) -> None:
-        self._entries[(verb, id(table), names_json)] = (table, table.epoch, answer, outcomes)
+        self._entries[(verb, id(table), names_json)] = (table, table.epoch, answer, outcomes, basis)
         while len(self._entries) > self._size:
             self._entries.popitem(last=False)
+
+
+def _still_true(table: DecisionTable, epoch: int, basis: AnswerBasis) -> bool:
+    """Whether a filter answer given at ``epoch`` says the same of every candidate whose entry was dropped since."""
+    dropped = table.dropped_since(epoch)
+    if dropped is None:
+        return False
+    for name in dropped:
+        said = basis.get(name)
+        if said is None:
+            continue  # not one of this answer's candidates
+        code = table.codes[name]
+        now_says = code if code else (table.verdicts[name].outcome, table.failure_json[name])
+        if now_says != said:
+            return False
+    return True
 
 
 class Extender:
@@ -185,6 +262,7 @@ class Extender:
         self.loading = loading  # True until the metrics source answered (or failed) for the first time
         self.policy = Policy.from_settings(settings)
         self._generic_reasons = settings.FILTER_REASONS is FilterReasons.GENERIC
+        self._reason_of = _generic_reason_of if self._generic_reasons else _reason_of
         self.telemetry = telemetry or Telemetry()
         self.cluster = cluster  # None: no Kubernetes API (no in-flight accounting, tenants only from Nodes)
         self._snapshot = snapshot_provider
@@ -298,7 +376,7 @@ class Extender:
             metrics, assumed = self._node_inputs(name)
             return evaluate_node(name, metrics, request, policy, self._now, assumed, self._modes)
 
-        table = self._tables[key] = DecisionTable(verdict_of, self._entry_limit)
+        table = self._tables[key] = DecisionTable(verdict_of, self._entry_limit, self._reason_of)
         if len(self._tables) > MAX_SHAPES:
             self._tables.popitem(last=False)
         return table
@@ -373,16 +451,20 @@ class Extender:
         memo = self._memo.get("filter", table, names_json) if names_json is not None and table is not None else None
         if memo is not None:
             answer, outcomes = memo
+        elif names_json is not None and table is not None:
+            answer, outcomes, basis = self._filter_names(request, table)
+            self._memo.put("filter", table, names_json, answer, outcomes, basis)
         else:
             answer, outcomes = self._filter(request, table)
-            if names_json is not None and table is not None:
-                self._memo.put("filter", table, names_json, answer, outcomes)
         for outcome, count in outcomes.items():
             if count:
                 self.telemetry.decisions.labels(outcome.value).inc(count)
         return answer
 
     def _filter(self, request: SchedulingRequest, table: DecisionTable | None) -> tuple[bytes, dict[Outcome, int]]:
+        if table is not None and not request.nodes.full:
+            names_answer, names_outcomes, _ = self._filter_names(request, table)
+            return names_answer, names_outcomes
         names = request.nodes.names
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -431,6 +513,41 @@ class Extender:
             count for outcome, count in outcomes.items() if outcome_passes(outcome)
         )
         return encode_filter_result(request.nodes, passed, failed, unresolvable), outcomes
+
+    def _filter_names(
+        self, request: SchedulingRequest, table: DecisionTable
+    ) -> tuple[bytes, dict[Outcome, int], AnswerBasis]:
+        """The NodeNames form, the one kube-scheduler sends with nodeCacheCapable: the answer is joined from the
+        table's encoded pieces (the same bytes _filter's encoder writes), with C-level passes over the names.
+        Also returns what the answer says of each candidate, for the memo to check it later."""
+        names = request.nodes.names
+        codes = list(map(table.codes.__getitem__, names))
+        basis: AnswerBasis = dict(zip(names, codes, strict=True))
+        outcomes: dict[Outcome, int] = {}
+        missing_passed = codes.count(DecisionTable.MISSING_PASSED)
+        if missing_passed:
+            outcomes[Outcome.MISSING_ALLOWED] = missing_passed
+        failed_count = codes.count(DecisionTable.FAILED)
+        if not failed_count:
+            outcomes[Outcome.PASS] = len(names) - missing_passed
+            return encode_filter_result(request.nodes, None, {}, {}), outcomes, basis
+        failing = list(compress(names, map(not_, codes)))
+        verdicts = list(map(table.verdicts.__getitem__, failing))
+        failing_outcomes = list(map(_outcome_of, verdicts))
+        outcomes.update(Counter(failing_outcomes))
+        outcomes[Outcome.PASS] = len(names) - failed_count - missing_passed
+        if self._generic_reasons:
+            self._log_details(request, len(names) - failed_count, failing, verdicts)
+        # Preempting pods cannot move a node into another tenant's pool.
+        refused_by_pool = list(map(Outcome.TENANT_MISMATCH.__eq__, failing_outcomes))
+        entries = list(map(table.failure_json.__getitem__, failing))
+        basis.update(zip(failing, zip(failing_outcomes, entries, strict=True), strict=True))
+        answer = encode_filter_pieces(
+            b",".join(compress(map(table.name_json.__getitem__, names), codes)),
+            b",".join(compress(entries, map(not_, refused_by_pool))),
+            b",".join(compress(entries, refused_by_pool)),
+        )
+        return answer, outcomes, basis
 
     def _log_details(
         self, request: SchedulingRequest, passed: int, failing: list[str], verdicts: list[NodeVerdict]

@@ -213,6 +213,20 @@ def _require_utf8(raw: bytes | msgspec.Raw, field: str) -> None:
 _ALL_PASSED_PREFIX, _ALL_PASSED_SUFFIX = _encoder.encode(ExtenderFilterResult(NodeNames=[])).split(b"[]", 1)
 
 
+# The empty answer cut inside its three lists ("[" | "],...{" | "},...{" | "},..."), for answers joined from
+# already encoded pieces.
+_PIECES_HEAD, _PIECES_FAILED, _PIECES_UNRESOLVABLE, _PIECES_TAIL = (
+    _encoder.encode(ExtenderFilterResult(NodeNames=[])).replace(b"[]", b"[\0]").replace(b"{}", b"{\0}").split(b"\0")
+)
+
+
+def encode_filter_pieces(names: bytes, failed: bytes, unresolvable: bytes) -> bytes:
+    """A NodeNames answer from encoded pieces: the passing names ('"a","b"'), the FailedNodes entries
+    ('"c":"why"') and the FailedAndUnresolvableNodes entries, each comma-joined; the very bytes
+    encode_filter_result writes for the same answer."""
+    return b"".join((_PIECES_HEAD, names, _PIECES_FAILED, failed, _PIECES_UNRESOLVABLE, unresolvable, _PIECES_TAIL))
+
+
 def encode_filter_result(
     nodes: CandidateNodes,
     passed: list[int] | None,
