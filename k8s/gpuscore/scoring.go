@@ -445,9 +445,10 @@ func withInterference(node string, metrics *NodeMetrics, ranked []Device, want R
 	return Verdict{true, score, OutcomePass, reason}
 }
 
-func evaluateResource(node string, devices, ranked []Device, want ResourceRequest, p *Policy, assumed int, mode Mode, reasons bool) Verdict {
+func evaluateResource(node string, metrics *NodeMetrics, ranked []Device, want ResourceRequest, p *Policy, assumed int, mode Mode, reasons bool) Verdict {
 	if replicas := p.replicasOf(want.Resource); replicas > 1 && mode == ModeSpread {
-		if shared, ok := evaluateShared(node, devices, want, p, assumed, replicas, reasons); ok {
+		// The device plugin's choice depends on pod counts in device order, not on load: the unranked list.
+		if shared, ok := evaluateShared(node, metrics.Devices[want.Resource], want, p, assumed, replicas, reasons); ok {
 			return shared
 		}
 	}
@@ -526,7 +527,7 @@ func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, 
 			part = missing(node, why, p, reasons)
 		} else {
 			mode := p.modeFor(want.Resource, modes)
-			part = evaluateResource(node, metrics.Devices[want.Resource], ranked, want, p, assumed[want.Resource], mode, reasons)
+			part = evaluateResource(node, metrics, ranked, want, p, assumed[want.Resource], mode, reasons)
 			if part.Passed && mode == ModeSpread && p.InterferenceWeight > 0 {
 				part = withInterference(node, metrics, ranked, want, p, assumed, part, reasons)
 			}
