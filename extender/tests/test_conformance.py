@@ -56,11 +56,34 @@ def test_vectors_cover_every_outcome_strategy_and_section():
     assert VECTORS.stat().st_size < 1_000_000
 
 
+def test_vectors_cover_shared_resources_and_interference():
+    vectors = json.loads(VECTORS.read_text(encoding="utf-8"))
+    reasons = [v[3] for c in vectors["decisions"] for v in c["expect"].values()]
+    for part in (
+        "spread: shared",  # scored by the devices it may share
+        "replica taken",  # every replica of the node's devices taken
+        "the device plugin may share a busy",  # a candidate device over the thresholds
+        "INTERFERENCE_WEIGHT",
+    ):
+        assert sum(part in reason for reason in reasons) >= 10, part
+    # Both settings varied: several replica counts, a weight of 0 and several above it, in spread cases.
+    spread = [c["args"] for c in vectors["decisions"] if c["args"]["scoringStrategy"] == "spread"]
+    replicas = {n for args in spread for n in args.get("sharedResources", {}).values()}
+    weights = {args.get("interferenceWeight", 0.0) for args in spread}
+    assert {1, 2, 4, 7} <= replicas
+    assert 0.0 in weights and len(weights - {0.0}) >= 5
+    # Pod counts from dcgm-exporter's pod labels, both names, and devices whose series carry none.
+    labels = {label for case in vectors["prometheus"] for item in case["series"] for label in item["metric"]}
+    assert {"pod", "exported_pod"} <= labels
+    nodes = [node for case in vectors["prometheus"] for node in case["expect"]["nodes"]]
+    pods = [device[3] for node in nodes for devices in node["devices"].values() for device in devices]
+    assert None in pods and any(isinstance(n, int) and n > 1 for n in pods)
+    assert any(not a["valid"] and "sharedResources" in a["args"] for a in vectors["args"])
+    assert any(not a["valid"] and "interferenceWeight" in a["args"] for a in vectors["args"])
+
+
 def test_arg_names_cover_the_settings_that_change_decisions():
     # A new setting of the extender must get a plugin argument (or a reason here why it does not).
     # FILTER_REASONS changes what the answer says, never what it decides.
     not_for_the_plugin = {"METRICS_SOURCE", "METRICS_FILE", "MAX_BODY_BYTES", "KUBE_API", "FILTER_REASONS"}
-    # Not in the Go plugin yet: both are off by default (no shared resource, weight 0), where the plugin decides
-    # exactly as the extender does; the vectors only cover the defaults of these two.
-    not_for_the_plugin |= {"SHARED_RESOURCES", "INTERFERENCE_WEIGHT"}
     assert set(conformance.ARG_NAMES) == set(conformance.Settings.model_fields) - not_for_the_plugin

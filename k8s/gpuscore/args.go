@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"sort"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -37,7 +39,16 @@ type Args struct {
 	PackTargetUtil             float64  `json:"packTargetUtil"`     // PACK_TARGET_UTIL
 	AutoPackBelow              float64  `json:"autoPackBelow"`      // AUTO_PACK_BELOW
 	AutoHysteresis             float64  `json:"autoHysteresis"`     // AUTO_HYSTERESIS
+	// SHARED_RESOURCES: time-sliced resources and their replicas per device, as the device plugin's sharing
+	// config says ({"nvidia.com/mig-1g.10gb": 4}); the others are exclusive.
+	SharedResources map[string]int `json:"sharedResources"`
+	// INTERFERENCE_WEIGHT: under spread, how much the load of a node's other devices lowers an exclusive
+	// resource's score (0: not at all).
+	InterferenceWeight float64 `json:"interferenceWeight"`
 }
+
+// maxReplicas bounds SHARED_RESOURCES' replicas as the extender's Settings does.
+const maxReplicas = 64
 
 // DefaultArgs are the extender's defaults (config.Settings).
 func DefaultArgs() Args {
@@ -60,6 +71,8 @@ func DefaultArgs() Args {
 		PackTargetUtil:             0.6,
 		AutoPackBelow:              0.4,
 		AutoHysteresis:             0.1,
+		SharedResources:            map[string]int{},
+		InterferenceWeight:         0,
 	}
 }
 
@@ -132,6 +145,20 @@ func (a *Args) Validate() error {
 	inRange("packTargetUtil", a.PackTargetUtil, 0, 1, true, true)
 	inRange("autoPackBelow", a.AutoPackBelow, 0, 1, true, true)
 	inRange("autoHysteresis", a.AutoHysteresis, 0, 1, false, true)
+	inRange("interferenceWeight", a.InterferenceWeight, 0, 10, false, false)
+	var wrongNames []string
+	for _, resource := range sortedKeys(a.SharedResources) {
+		if resource != WholeGPUResource && !strings.HasPrefix(resource, MIGResourcePrefix) {
+			wrongNames = append(wrongNames, resource)
+		}
+		if replicas := a.SharedResources[resource]; replicas < 1 || replicas > maxReplicas {
+			bad("sharedResources: %s: %d replicas is not in [1, %d]", resource, replicas, maxReplicas)
+		}
+	}
+	if len(wrongNames) > 0 {
+		bad("sharedResources: names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got %s",
+			strings.Join(wrongNames, ", "))
+	}
 	if a.OnMissingMetrics != "allow" && a.OnMissingMetrics != "deny" {
 		bad("onMissingMetrics: must be allow or deny (got %q)", a.OnMissingMetrics)
 	}
@@ -177,5 +204,17 @@ func (a *Args) Policy() Policy {
 		PackTargetUtil:   a.PackTargetUtil,
 		AutoPackBelow:    a.AutoPackBelow,
 		AutoHysteresis:   a.AutoHysteresis,
+		// Replicas 1 is an exclusive device: only resources with more are judged the shared way.
+		SharedResources:    maps.Clone(a.SharedResources),
+		InterferenceWeight: a.InterferenceWeight,
 	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for key := range m {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
+	return keys
 }

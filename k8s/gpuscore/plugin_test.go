@@ -262,12 +262,51 @@ func TestNewRefusesInvalidArgsWithEveryProblem(t *testing.T) {
 		`{"gpuUtilThreshold": 1.5, "scoringStrategy": "binpack"}`: "gpuUtilThreshold: 1.5 is not in (0, 1]; scoringStrategy: must be spread, pack or auto",
 		`{"scoringStrategy": "pack", "packTargetUtil": 0.8}`:      "packTargetUtil (0.8) must be below gpuUtilThreshold (0.8)",
 		`{"weightGPUUtil": "0.7"}`:                                "cannot unmarshal string",
+		`{"sharedResources": {"example.com/fpga": 2, "nvidia.com/mig-1g.10gb": 65}}`: "sharedResources: nvidia.com/mig-1g.10gb: 65 replicas is not in [1, 64]; " +
+			"sharedResources: names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got example.com/fpga",
+		`{"interferenceWeight": 12}`: "interferenceWeight: 12 is not in [0, 10]",
 	}
 	for raw, want := range cases {
 		_, err := New(context.Background(), &runtime.Unknown{Raw: []byte(raw), ContentType: runtime.ContentTypeJSON}, nil)
 		if err == nil || !strings.HasPrefix(err.Error(), "invalid GPUScore args: ") || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want one containing %q", raw, err, want)
 		}
+	}
+}
+
+// A time-sliced resource fills up replica by replica: in-flight pods (Reserve) take the least-used devices first,
+// as the device plugin does, and the node is refused once every replica is taken.
+func TestSharedReplicasFillThroughReserve(t *testing.T) {
+	now := 1000.0
+	snapshot := fleet(now, map[string][]float64{"shared": {0.1, 0.5}})
+	devices := snapshot.Nodes["shared"].Devices[mig]
+	devices[0].Pods, devices[0].HasPods = 1, true // one pod already on the cool device, none on the warm one
+	devices[1].HasPods = true
+	args := DefaultArgs()
+	args.SharedResources = map[string]int{mig: 2}
+	g := testPlugin(t, args, &fakeSource{snapshot: snapshot}, now)
+	// 1st pod: only the warm device has the fewest pods (0): scored by it, 10 x (1 - 0.7 x 0.5) = 6.5 -> 6.
+	// 2nd: both hold one pod, either may be handed out: mean 0.7 x 0.3 -> 8. 3rd: the last replica, on the warm one.
+	for i, want := range []int{6, 8, 6} {
+		state := framework.NewCycleState()
+		pod := migPod(fmt.Sprintf("p%d", i), 1)
+		ctx := context.Background()
+		if _, status := g.PreFilter(ctx, state, pod, nil); !status.IsSuccess() {
+			t.Fatal(status)
+		}
+		if status := g.Filter(ctx, state, pod, nodeInfo("shared", nil)); !status.IsSuccess() {
+			t.Fatalf("pod %d refused: %v", i, status)
+		}
+		if score, _ := g.Score(ctx, state, pod, nodeInfo("shared", nil)); score != int64(want)*10 {
+			t.Errorf("pod %d: score %d, want %d", i, score, want*10)
+		}
+		if status := g.Reserve(ctx, state, pod, "shared"); !status.IsSuccess() {
+			t.Fatal(status)
+		}
+	}
+	_, rejected := schedule(t, g, migPod("p3", 1), []string{"shared"})
+	if status := rejected["shared"]; status == nil || !strings.Contains(status.Message(), "every "+mig+" replica taken (2 per device)") {
+		t.Fatalf("4th pod: %v", status)
 	}
 }
 

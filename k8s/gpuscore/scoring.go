@@ -61,6 +61,18 @@ type Policy struct {
 	PackTargetUtil   float64
 	AutoPackBelow    float64
 	AutoHysteresis   float64
+	// SharedResources: time-sliced resources and their replicas per device (SHARED_RESOURCES).
+	SharedResources map[string]int
+	// InterferenceWeight: spread subtracts it times the load of the node's other devices (0: off).
+	InterferenceWeight float64
+}
+
+// replicasOf is the time-slicing replicas of resource (1: exclusive devices).
+func (p *Policy) replicasOf(resource string) int {
+	if replicas, ok := p.SharedResources[resource]; ok {
+		return replicas
+	}
+	return 1
 }
 
 func (p *Policy) modeFor(resource string, modes map[string]Mode) Mode {
@@ -83,11 +95,14 @@ func (p *Policy) missingPolicyName() string {
 }
 
 // Device is the load of one GPU or MIG instance: Util and Mem in 0..1, HasMem false when FB metrics are missing.
+// Pods is how many pods hold it at the sample (time-slicing); HasPods false when the source does not say.
 type Device struct {
-	Key    string
-	Util   float64
-	Mem    float64
-	HasMem bool
+	Key     string
+	Util    float64
+	Mem     float64
+	HasMem  bool
+	Pods    int
+	HasPods bool
 }
 
 // NodeMetrics is one node of a snapshot: devices per extended resource name, sorted by key.
@@ -95,6 +110,9 @@ type NodeMetrics struct {
 	Name       string
 	SampleTime float64 // newest sample, unix seconds
 	Devices    map[string][]Device
+	// Resources lists the keys of Devices in the source's order (Python's dict order); sums over every device of
+	// the node add them up in this order, so the float result is the extender's to the last bit. Nil: sorted.
+	Resources []string
 	// ranked holds Devices least-loaded first for the policy given to Snapshot.Rank: sorting once per snapshot
 	// instead of once per pod and node keeps Filter and Score at a few comparisons per device. A node has one to
 	// three resources: a short list searched in order is cheaper than a map on this path.
@@ -267,7 +285,173 @@ func missing(node string, why func() string, p *Policy, reasons bool) Verdict {
 	return Verdict{true, NeutralScore, OutcomeMissingAllowed, reason}
 }
 
-func evaluateResource(node string, ranked []Device, want ResourceRequest, p *Policy, assumed int, mode Mode, reasons bool) Verdict {
+// sharedCandidates is the devices of a time-sliced resource that the device plugin may hand a pod asking for count
+// replicas (scoring.shared_candidates): its distributed allocation takes replicas of the devices with the fewest
+// pods, ignores load and orders equal devices arbitrarily, so the pod may get any device tied at the last pod count
+// it needs. The assumed in-flight pods took theirs first, by the same rule. Empty when fewer than count devices have
+// a free replica. devices are in key order (the order Python keeps), and so is the answer within a pod count.
+func sharedCandidates(devices []Device, count, replicas, assumed int) []Device {
+	pods := make([]int, len(devices))
+	for i, d := range devices {
+		pods[i] = d.Pods // 0 without a pod count
+	}
+	for range assumed { // in-flight pods: each on a device with the fewest pods, the first of equals
+		best := -1
+		for i, n := range pods {
+			if n < replicas && (best < 0 || n < pods[best]) {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		pods[best]++
+	}
+	open := make([]int, 0, len(devices)) // indices of devices with a free replica, by (pods, index)
+	for i, n := range pods {
+		if n < replicas {
+			open = append(open, i)
+		}
+	}
+	if count <= 0 || len(open) < count {
+		return nil
+	}
+	sort.SliceStable(open, func(a, b int) bool { return pods[open[a]] < pods[open[b]] })
+	cutoff := pods[open[count-1]] // the most-used device the pod may still get
+	var candidates []Device
+	for _, i := range open {
+		if pods[i] <= cutoff {
+			candidates = append(candidates, devices[i])
+		}
+	}
+	return candidates
+}
+
+// pyPods is a device's pod count as Python prints an int or None.
+func pyPods(d Device) string {
+	if !d.HasPods {
+		return "None"
+	}
+	return strconv.Itoa(d.Pods)
+}
+
+// evaluateShared judges a time-sliced resource in spread mode by the devices the pod would share
+// (scoring._evaluate_shared); ok false when no device of the sample carries a pod count (no pod mapping in
+// dcgm-exporter): the caller then judges it the exclusive way.
+func evaluateShared(node string, devices []Device, want ResourceRequest, p *Policy, assumed, replicas int, reasons bool) (Verdict, bool) {
+	mapped := false
+	for _, d := range devices {
+		if d.HasPods {
+			mapped = true
+			break
+		}
+	}
+	if !mapped {
+		return Verdict{}, false
+	}
+	candidates := sharedCandidates(devices, want.Count, replicas, assumed)
+	if len(candidates) == 0 {
+		reason := ""
+		if reasons {
+			reason = fmt.Sprintf("%s: every %s replica taken (%d per device)", node, want.Resource, replicas)
+		}
+		return Verdict{false, MinScore, OutcomeOverloaded, reason}, true
+	}
+	for _, d := range candidates {
+		if !belowThresholds(d, p) { // the plugin may hand the pod any candidate, the hot one included
+			reason := ""
+			if reasons {
+				reason = fmt.Sprintf("%s: the device plugin may share a busy %s %s (%s: %s; %s pod(s), %d equally used)",
+					node, want.Resource, deviceWord(want.Resource), d.Key, figures(d, p), pyPods(d), len(candidates))
+			}
+			return Verdict{false, MinScore, OutcomeOverloaded, reason}, true
+		}
+	}
+	sum := 0.0
+	for _, d := range candidates {
+		sum += DeviceLoad(d, p)
+	}
+	mean := sum / float64(len(candidates))
+	score := clampScore(MaxScore * (1.0 - mean))
+	reason := ""
+	if reasons {
+		reason = fmt.Sprintf("%s: spread: shared %s x%d, %d device(s) it may get, mean load %.2f, score %d",
+			node, want.Resource, replicas, len(candidates), mean, score)
+	}
+	return Verdict{true, score, OutcomePass, reason}, true
+}
+
+// interferenceLoad is the mean load of the node's devices other than picked, over every resource
+// (scoring.interference_load); the assumed in-flight pods' devices (the least-loaded of their resource) count as
+// fully loaded. 0 with no other device.
+func interferenceLoad(metrics *NodeMetrics, picked []Device, p *Policy, assumed map[string]int) float64 {
+	total, others := 0.0, 0
+	resources := metrics.Resources
+	if resources == nil {
+		resources = sortedKeys(metrics.Devices)
+	}
+	for _, resource := range resources {
+		taken := assumed[resource]
+		for position, d := range metrics.rankedDevices(resource, p) {
+			if holdsKey(picked, d.Key) {
+				continue
+			}
+			if position < taken {
+				total += 1.0
+			} else {
+				total += DeviceLoad(d, p)
+			}
+			others++
+		}
+	}
+	if others == 0 {
+		return 0
+	}
+	return total / float64(others)
+}
+
+// holdsKey: Python compares keys across resources too (a set of keys), so this does as well.
+func holdsKey(devices []Device, key string) bool {
+	for _, d := range devices {
+		if d.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// withInterference is spread on an exclusive resource less InterferenceWeight x the load of the node's other
+// devices (scoring._with_interference): a pod next to busy GPUs shares the node's CPUs, PCIe switches, NICs and
+// power with them.
+func withInterference(node string, metrics *NodeMetrics, ranked []Device, want ResourceRequest, p *Policy,
+	assumed map[string]int, verdict Verdict, reasons bool) Verdict {
+	if p.replicasOf(want.Resource) > 1 {
+		return verdict // shared resources are judged by the devices they share
+	}
+	taken := min(assumed[want.Resource], len(ranked))
+	picked := ranked[taken:min(taken+want.Count, len(ranked))]
+	others := interferenceLoad(metrics, picked, p, assumed)
+	sum := 0.0
+	for _, d := range picked {
+		sum += DeviceLoad(d, p)
+	}
+	mean := (sum + float64(max(0, want.Count-len(picked)))) / float64(want.Count)
+	score := clampScore(MaxScore * (1.0 - mean - float64(p.InterferenceWeight*others)))
+	reason := ""
+	if reasons {
+		reason = fmt.Sprintf("%s; other devices' load %.2f x INTERFERENCE_WEIGHT %s -> score %d",
+			verdict.Reason, others, pyG(p.InterferenceWeight), score)
+	}
+	return Verdict{true, score, OutcomePass, reason}
+}
+
+func evaluateResource(node string, metrics *NodeMetrics, ranked []Device, want ResourceRequest, p *Policy, assumed int, mode Mode, reasons bool) Verdict {
+	if replicas := p.replicasOf(want.Resource); replicas > 1 && mode == ModeSpread {
+		// The device plugin's choice depends on pod counts in device order, not on load: the unranked list.
+		if shared, ok := evaluateShared(node, metrics.Devices[want.Resource], want, p, assumed, replicas, reasons); ok {
+			return shared
+		}
+	}
 	available := ranked[min(assumed, len(ranked)):]
 	anyBelow := false
 	for _, d := range available {
@@ -342,7 +526,11 @@ func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, 
 			why := func() string { return fmt.Sprintf("no %s %s in the metrics", want.Resource, deviceWord(want.Resource)) }
 			part = missing(node, why, p, reasons)
 		} else {
-			part = evaluateResource(node, ranked, want, p, assumed[want.Resource], p.modeFor(want.Resource, modes), reasons)
+			mode := p.modeFor(want.Resource, modes)
+			part = evaluateResource(node, metrics, ranked, want, p, assumed[want.Resource], mode, reasons)
+			if part.Passed && mode == ModeSpread && p.InterferenceWeight > 0 {
+				part = withInterference(node, metrics, ranked, want, p, assumed, part, reasons)
+			}
 		}
 		if !part.Passed {
 			return part

@@ -38,6 +38,22 @@ type deviceKey struct{ node, gpu, instance string }
 type deviceAcc struct {
 	gpu, profile                      string
 	utilPercent, grActive, used, free *float64
+	pods                              map[string]bool // pods dcgm-exporter maps to the device; nil: no pod label
+}
+
+// podOf is the pod a series is attributed to ("" for none), ok false when the series has no pod label.
+// Prometheus renames the exporter's pod to exported_pod when its own target label pod (the exporter's pod)
+// clashes, so that one wins.
+func podOf(labels map[string]string) (string, bool) {
+	for _, names := range [2][2]string{{"exported_pod", "exported_namespace"}, {"pod", "namespace"}} {
+		if pod, ok := labels[names[0]]; ok {
+			if pod == "" {
+				return "", true
+			}
+			return labels[names[1]] + "/" + pod, true
+		}
+	}
+	return "", false
 }
 
 func clamp01(x float64) float64 { return min(1.0, max(0.0, x)) }
@@ -86,6 +102,14 @@ func BuildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 			acc = &deviceAcc{gpu: gpu, profile: profile}
 			devices[key] = acc
 			order = append(order, key)
+		}
+		if pod, ok := podOf(s.Labels); ok { // time-slicing: one series per pod sharing the device
+			if acc.pods == nil {
+				acc.pods = map[string]bool{}
+			}
+			if pod != "" {
+				acc.pods[pod] = true
+			}
 		}
 		value := s.Value
 		switch s.Name {
@@ -138,11 +162,17 @@ func BuildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 		if acc.used != nil && acc.free != nil && *acc.used+*acc.free > 0 {
 			device.Mem, device.HasMem = clamp01(*acc.used/(*acc.used+*acc.free)), true
 		}
+		if acc.pods != nil {
+			device.Pods, device.HasPods = len(acc.pods), true
+		}
 		metrics := snapshot.Nodes[key.node]
 		if metrics == nil {
 			metrics = &NodeMetrics{Name: key.node, Devices: map[string][]Device{}}
 			snapshot.Nodes[key.node] = metrics
 			snapshot.Order = append(snapshot.Order, key.node)
+		}
+		if _, seen := metrics.Devices[resource]; !seen {
+			metrics.Resources = append(metrics.Resources, resource)
 		}
 		metrics.Devices[resource] = append(metrics.Devices[resource], device)
 	}

@@ -19,7 +19,10 @@ import (
 type vectorNode struct {
 	Name       string                          `json:"name"`
 	SampleTime float64                         `json:"sampleTime"`
-	Devices    map[string][][3]json.RawMessage `json:"devices"`
+	Devices    map[string][][4]json.RawMessage `json:"devices"` // [key, util, mem, pods]
+	// Resources is the order of Devices in the extender (Python's dict order, which the sorted JSON keys lose):
+	// sums over all of a node's devices follow it.
+	Resources []string `json:"resources"`
 }
 
 type vectorFile struct {
@@ -106,8 +109,9 @@ func snapshotOf(t *testing.T, nodes []vectorNode) *Snapshot {
 	t.Helper()
 	s := &Snapshot{Nodes: map[string]*NodeMetrics{}}
 	for _, n := range nodes {
-		metrics := &NodeMetrics{Name: n.Name, SampleTime: n.SampleTime, Devices: map[string][]Device{}}
-		for resource, devices := range n.Devices {
+		metrics := &NodeMetrics{Name: n.Name, SampleTime: n.SampleTime, Devices: map[string][]Device{}, Resources: n.Resources}
+		for _, resource := range n.Resources {
+			devices := n.Devices[resource]
 			list := []Device{} // a resource with no device stays in the map, as in Python
 			for _, d := range devices {
 				var device Device
@@ -116,6 +120,10 @@ func snapshotOf(t *testing.T, nodes []vectorNode) *Snapshot {
 				if string(d[2]) != "null" {
 					mustUnmarshal(t, d[2], &device.Mem)
 					device.HasMem = true
+				}
+				if string(d[3]) != "null" {
+					mustUnmarshal(t, d[3], &device.Pods)
+					device.HasPods = true
 				}
 				list = append(list, device)
 			}

@@ -191,6 +191,8 @@ GPUSCORE_ARGS = frozenset(
         "packTargetUtil",
         "autoPackBelow",
         "autoHysteresis",
+        "sharedResources",
+        "interferenceWeight",
     }
 )
 

@@ -72,6 +72,8 @@ ARG_NAMES = {
     "PACK_TARGET_UTIL": "packTargetUtil",
     "AUTO_PACK_BELOW": "autoPackBelow",
     "AUTO_HYSTERESIS": "autoHysteresis",
+    "SHARED_RESOURCES": "sharedResources",
+    "INTERFERENCE_WEIGHT": "interferenceWeight",
 }
 SETTING_NAMES = {arg: setting for setting, arg in ARG_NAMES.items()}
 
@@ -112,8 +114,18 @@ def _fraction(rng: random.Random, specials: tuple[float, ...] = ()) -> float:
     return round(rng.random(), 2)
 
 
-def _random_args(rng: random.Random) -> dict[str, Any]:
-    """Valid plugin arguments for a decision (only the ones that change verdicts or scores)."""
+def _random_args(rng: random.Random, shared_focus: bool = False) -> dict[str, Any]:
+    """Valid plugin arguments for a decision (only the ones that change verdicts or scores). ``shared_focus``:
+    time-sliced resources and the interference term, on fresh samples, so most verdicts go through them."""
+    if shared_focus:
+        return {
+            "scoringStrategy": "spread",
+            "metricsMaxAgeSeconds": 0,
+            "gpuUtilThreshold": rng.choice([0.8, 1.0, 1.0]),  # few hot devices: more scores than refusals
+            "memUtilThreshold": 1.0,
+            "sharedResources": {res: rng.choice([1, 2, 4, 4, 7]) for res in RESOURCES if rng.random() < 0.6},
+            "interferenceWeight": rng.choice([0.0, 0.5, 1.0, round(rng.uniform(0, 3), 2)]),
+        }
     args: dict[str, Any] = {}
     strategy = rng.choice(["spread", "spread", "pack", "auto"])
     if rng.random() < 0.5:
@@ -136,16 +148,30 @@ def _random_args(rng: random.Random) -> dict[str, Any]:
     if strategy == "auto" and rng.random() < 0.5:
         args["autoPackBelow"] = rng.choice([0.2, 0.4, 0.5])
         args["autoHysteresis"] = rng.choice([0.0, 0.1, 0.25])
+    if rng.random() < 0.4:  # time-sliced resources; replicas 1 is a shared resource judged as exclusive
+        shared = rng.sample(RESOURCES, rng.choice([1, 1, 2]))
+        args["sharedResources"] = {res: rng.choice([1, 2, 2, 4, 4, 7]) for res in shared}
+    if rng.random() < 0.4:
+        args["interferenceWeight"] = rng.choice([0.0, 0.5, 1.0, 2.5, 10.0, round(rng.uniform(0, 3), 2)])
     return args
+
+
+def _random_pods(rng: random.Random, replicas: int, with_pods: bool) -> int | None:
+    """Pods on a device: up to its replicas (all taken, too), None now and then (no pod label on its series)."""
+    if not with_pods or rng.random() < 0.08:
+        return None
+    return rng.choice([0, replicas, rng.randint(0, replicas), rng.randint(0, replicas)])
 
 
 def _random_devices(rng: random.Random, resource: str, policy: Policy, count: int) -> tuple[DeviceMetrics, ...]:
     specials = (0.0, 1.0, policy.gpu_util_threshold, policy.mem_util_threshold, policy.pack_target_util)
+    replicas = policy.replicas_of(resource)
+    with_pods = rng.random() < (0.9 if replicas > 1 else 0.2)  # a source without dcgm-exporter's pod mapping
     devices = []
     for index in range(count):
         key = str(index) if resource == GPU else f"{index // 3}/{index % 3 + 1}"
         mem = None if rng.random() < 0.1 else _fraction(rng, specials)
-        devices.append(DeviceMetrics(key, _fraction(rng, specials), mem))
+        devices.append(DeviceMetrics(key, _fraction(rng, specials), mem, _random_pods(rng, replicas, with_pods)))
     # build_snapshot keeps each resource's devices sorted by key
     return tuple(sorted(devices, key=lambda d: d.key))
 
@@ -179,7 +205,8 @@ def _encode_nodes(snapshot: MetricsSnapshot) -> list[dict[str, Any]]:
         {
             "name": metrics.name,
             "sampleTime": metrics.sample_time,
-            "devices": {res: [[d.key, d.util, d.mem] for d in devs] for res, devs in metrics.devices.items()},
+            "devices": {res: [[d.key, d.util, d.mem, d.pods] for d in devs] for res, devs in metrics.devices.items()},
+            "resources": list(metrics.devices),  # the dict's order, which sort_keys loses: sums follow it
         }
         for metrics in snapshot.nodes.values()
     ]
@@ -189,9 +216,9 @@ def _encode_verdict(verdict: NodeVerdict) -> list[Any]:
     return [verdict.passed, verdict.score, verdict.outcome.value, verdict.reason]
 
 
-def _decisions(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
+def _decisions(rng: random.Random, count: int, shared_focus: bool = False) -> Iterator[dict[str, Any]]:
     for _ in range(count):
-        args = _random_args(rng)
+        args = _random_args(rng, shared_focus)
         policy = Policy.from_settings(settings_of(args))
         now = round(rng.uniform(1_700_000_000, 1_800_000_000), rng.choice([0, 3]))
         snapshot = _random_snapshot(rng, policy, now, rng.randint(1, 8))
@@ -279,6 +306,21 @@ def _prometheus_value(rng: random.Random, metric: str) -> str:
     return str(rng.choice([0, rng.randint(0, 81559), 81559]))  # FB used/free, MiB
 
 
+def _pod_labels(rng: random.Random) -> list[dict[str, str]]:
+    """The pod labels of one device's series: none (no pod mapping), or one series per pod holding it (time-slicing),
+    under dcgm-exporter's names or the exported_ ones Prometheus gives them when its own pod label clashes."""
+    roll = rng.random()
+    if roll < 0.6:
+        return [{}]
+    if roll < 0.7:
+        return [{"pod": "", "namespace": ""}]  # mapped, but no pod holds the device
+    pod, namespace = rng.choice([("pod", "namespace"), ("exported_pod", "exported_namespace")])
+    holders = [{pod: f"clf-{i}", namespace: rng.choice(["finnlp", "default"])} for i in range(rng.randint(1, 4))]
+    if pod == "exported_pod" and rng.random() < 0.5:
+        holders = [{**h, "pod": "dcgm-exporter-x", "namespace": "gpu-operator"} for h in holders]
+    return holders
+
+
 def _prometheus(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
     node_labels = ("Hostname", "hostname")
     profiles = {"1g.10gb": 7, "2g.20gb": 3, "3g.40gb": 2}
@@ -300,10 +342,13 @@ def _prometheus(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
                 else:
                     devices = [{}]
                 for device in devices:
+                    holders = _pod_labels(rng)
                     for metric in DCGM_METRICS:
-                        if rng.random() < 0.85:
-                            labels = {"__name__": metric, **host, **ident, **device, "job": "dcgm"}
-                            series.append({"metric": labels, "value": [queried_at, _prometheus_value(rng, metric)]})
+                        for holder in holders:
+                            if rng.random() < 0.85:
+                                labels = {"__name__": metric, **host, **ident, **device, **holder, "job": "dcgm"}
+                                value = [queried_at, _prometheus_value(rng, metric)]
+                                series.append({"metric": labels, "value": value})
         if rng.random() < 0.1:
             series.append({"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": "0"}, "value": [queried_at, "5"]})
         rng.shuffle(series)
@@ -384,6 +429,20 @@ def _args_cases(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
         {"packTargetUtil": 0},
         {"tenantPools": False, "tenantLabel": "example.com/pool"},
         {"threshold": 0.8},
+        {"sharedResources": {"nvidia.com/mig-1g.10gb": 4}},
+        {"sharedResources": {"nvidia.com/gpu": 1, "nvidia.com/mig-3g.40gb": 64}},
+        {"sharedResources": {}},
+        {"sharedResources": {"nvidia.com/mig-1g.10gb": 0}},
+        {"sharedResources": {"nvidia.com/mig-1g.10gb": 65}},
+        {"sharedResources": {"example.com/fpga": 2}},
+        {"sharedResources": {"mig-1g.10gb": 2}},
+        {"sharedResources": {"nvidia.com/gpus": 2}},
+        {"sharedResources": ["nvidia.com/gpu"]},
+        {"interferenceWeight": 0},
+        {"interferenceWeight": 10},
+        {"interferenceWeight": 10.01},
+        {"interferenceWeight": -0.1},
+        {"interferenceWeight": 0.5, "scoringStrategy": "pack", "packTargetUtil": 0.5},
     ]
     yield from ({"args": args} for args in fixed)
     ranges = {
@@ -395,6 +454,7 @@ def _args_cases(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
         "autoHysteresis": (-0.1, 1.1),
         "metricsMaxAgeSeconds": (-5, 100),
         "inflightMaxSeconds": (-5, 300),
+        "interferenceWeight": (-1, 11),
     }
     for _ in range(count):
         args: dict[str, Any] = {"scoringStrategy": rng.choice(["spread", "pack", "auto"])}
@@ -420,7 +480,7 @@ def build(seed: int = SEED) -> dict[str, list[dict[str, Any]]]:
     rng = random.Random(seed)
     return {
         "args": list(_with_validity(_args_cases(rng, 60))),
-        "decisions": list(_decisions(rng, 250)),
+        "decisions": [*_decisions(rng, 250), *_decisions(rng, 45, shared_focus=True)],
         "auto": list(_auto(rng, 15)),
         "prometheus": list(_prometheus(rng, 16)),
         "requests": list(_requests(rng, 60)),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -43,9 +44,23 @@ class FakePrometheus:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def set_loads(self, loads: dict[str, list[float]]) -> None:
+    def set_loads(self, loads: dict[str, list[float]], pods: dict[str, list[int]] | None = None) -> None:
+        """Instance loads per node; `pods`: how many pods hold each instance (time-slicing), one series per pod
+        as dcgm-exporter's pod mapping writes them (none: no pod label at all)."""
         exposition = write_mig_metrics(self.workdir / "dcgm.prom", loads, profile=PROFILE).read_text()
-        self.samples = list(parse_exposition(exposition))
+        self.samples = []
+        for sample in parse_exposition(exposition):
+            labels = sample.labels
+            index = int(labels["gpu"]) * 3 + int(labels["GPU_I_ID"]) - 1  # write_mig_metrics: 3 instances per GPU
+            holders = (pods or {}).get(labels["Hostname"])
+            if holders is None:
+                self.samples.append(sample)
+                continue
+            names = [f"clf-{index}-{i}" for i in range(holders[index])] or [""]
+            for pod in names:
+                self.samples.append(
+                    replace(sample, labels={**labels, "pod": pod, "namespace": "finnlp" if pod else ""})
+                )
 
     def answer(self, query: str) -> list[dict]:
         now = time.time()
@@ -92,10 +107,23 @@ def prometheus(tmp_path):
 @pytest.fixture
 def plugin_scheduler(control_plane, prometheus, tmp_path):
     """gpufleet-scheduler with the role's plugin-mode configuration, reading the fake Prometheus every second."""
+    yield from _plugin_scheduler(control_plane, prometheus, tmp_path)
+
+
+@pytest.fixture
+def shared_plugin_scheduler(control_plane, prometheus, tmp_path):
+    """The same, with the role's setting for RESOURCE time-sliced 2 ways."""
+    yield from _plugin_scheduler(
+        control_plane, prometheus, tmp_path, kube_scheduler_plugin_shared_resources={RESOURCE: 2}
+    )
+
+
+def _plugin_scheduler(control_plane, prometheus, tmp_path, **role_vars):
     config = rendered_scheduler_config(
         tmp_path / "render",
         kube_scheduler_mode="plugin",
         kube_scheduler_plugin_extra_args={"prometheusURL": prometheus.url, "metricsRefreshSeconds": 1},
+        **role_vars,
     )
     profile = config["profiles"][0]
     assert profile["schedulerName"] == SCHEDULER and "extenders" not in config
@@ -163,3 +191,22 @@ def test_a_burst_spreads_through_in_flight_accounting(core, prometheus, plugin_s
     assert bindings.wait(burst, timeout=60), f"bound: {bindings.bound}"
     placed = [node for node, _ in bindings.bound.values()]
     assert {node: placed.count(node) for node in (a, b, c)} == {a: 2, b: 2, c: 2}, placed
+
+
+def test_a_shared_node_is_judged_by_the_instance_the_device_plugin_would_hand_out(
+    core, prometheus, shared_plugin_scheduler, namespace
+):
+    namespace, bindings = namespace
+    pool = {"gpufleet.test/scheduling": "plugin-shared"}
+    idle_but_shared, warm = "plugin-shared-a", "plugin-shared-b"
+    create_nodes(core, [idle_but_shared, warm], {RESOURCE: "4"}, labels=pool)  # 2 instances x 2 replicas
+    # a: an idle instance one pod already shares and a hot one that no pod holds. The device plugin hands the next
+    # pod a replica of the instance with the fewest pods, the hot one, so a is refused though its coolest instance
+    # is idle (judged as exclusive instances, a would score 10 and take every pod). b: two warm instances, no pod.
+    prometheus.set_loads({idle_but_shared: [0.0, 0.95], warm: [0.3, 0.3]}, pods={idle_but_shared: [1, 0], warm: [0, 0]})
+    time.sleep(2.5)
+
+    # Four pods fill b's four replicas; each placed pod counts on b's least-used instance until a sample shows it.
+    make_pods(core, namespace, [f"shared-{i}" for i in range(4)], pool)
+    assert bindings.wait(4, timeout=60), f"bound: {bindings.bound}"
+    assert {node for node, _ in bindings.bound.values()} == {warm}

@@ -327,6 +327,39 @@ def test_plugin_mode_follows_the_extenders_settings_and_can_keep_the_extender(tm
     assert config["extenders"][0]["urlPrefix"] == "https://gpufleet-extender.gpufleet-system.svc:8000"
 
 
+def test_plugin_mode_renders_shared_resources_and_the_interference_weight(tmp_path):
+    lab = scheduler_config(render_roles([ROLE], tmp_path / "lab"))
+    args = lab["profiles"][0]["pluginConfig"][0]["args"]
+    assert (args["sharedResources"], args["interferenceWeight"]) == ({}, 0.0)  # scoring.Policy's defaults
+    extra = {
+        "kube_scheduler_plugin_shared_resources": {"nvidia.com/mig-1g.10gb": 4, "nvidia.com/gpu": "2"},
+        "kube_scheduler_plugin_interference_weight": 1,
+    }
+    config = scheduler_config(render_roles([ROLE], tmp_path / "set", extra_vars=extra))
+    args = config["profiles"][0]["pluginConfig"][0]["args"]
+    # Whole numbers and a float, as the plugin's strict decoding wants them.
+    assert args["sharedResources"] == {"nvidia.com/mig-1g.10gb": 4, "nvidia.com/gpu": 2}
+    assert type(args["interferenceWeight"]) is float and args["interferenceWeight"] == 1.0
+
+
+def test_plugin_mode_refuses_bad_shared_resources_and_weight_with_the_inventorys_names(tmp_path):
+    extra = {
+        "kube_scheduler_mode": "plugin",
+        "kube_scheduler_plugin_shared_resources": {"example.com/fpga": 2, "nvidia.com/mig-1g.10gb": 65},
+        "kube_scheduler_plugin_interference_weight": 12,
+    }
+    output = render_failure(tmp_path, extra)
+    assert (
+        "kube_scheduler_plugin_shared_resources: names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got "
+        "example.com/fpga" in output
+    )
+    assert (
+        "kube_scheduler_plugin_shared_resources: nvidia.com/mig-1g.10gb: replicas must be a whole number in 1..64 "
+        "(got 65)" in output
+    )
+    assert "kube_scheduler_plugin_interference_weight: must be a number in 0..10 (got 12)" in output
+
+
 def test_gpuscore_is_refused_outside_plugin_mode(tmp_path):
     # The stock kube-scheduler does not register GPUScore: it would not start with it.
     output = render_failure(

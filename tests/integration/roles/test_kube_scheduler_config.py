@@ -4,6 +4,7 @@ config that breaks it and accepts its neighbour that does not; and the static po
 from __future__ import annotations
 
 import copy
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -19,6 +20,7 @@ _TREE = Path(tempfile.mkdtemp(prefix="gpufleet-collections-"))
 sys.path.insert(0, str(_TREE))
 
 from ansible_collections.gpufleet.mig.plugins.module_utils.kube_scheduler_config import (  # noqa: E402
+    GPUSCORE_ARGS,
     ManifestError,
     is_extended_resource_name,
     parse_go_duration,
@@ -61,6 +63,14 @@ def config(**changes) -> dict:
     }
     base.update(changes)
     return base
+
+
+def test_gpuscore_args_the_role_accepts_are_the_plugins():
+    # The plugin's Args struct (k8s/gpuscore/args.go) decodes strictly: a name missing here would be refused by the
+    # role, one too many by the plugin.
+    source = (REPO / "k8s/gpuscore/args.go").read_text(encoding="utf-8")
+    struct = source[source.index("type Args struct {") : source.index("\n}\n", source.index("type Args struct {"))]
+    assert set(re.findall(r'`json:"(\w+)"`', struct)) == GPUSCORE_ARGS
 
 
 def test_the_roles_configuration_is_valid():
