@@ -2,7 +2,10 @@
 
 Reads what the lab's steps left in the lab directory (default build/lab): fleet-summary.txt (written by
 playbooks/site.yml when gpufleet_fleet_summary_file is set, as the lab inventory does), sim/results.json and
-sim-quiet/results.json (gpufleet-extender simulate), and the rendered manifests.
+sim-quiet/results.json (gpufleet-extender simulate), and the rendered manifests. The MIG re-layout comparison
+(static layouts against a re-layout every 10 minutes on the day trace, docs/simulator.md) is read from
+sim-relayout/results.json, which this script writes first by running the comparison's lab variant (x0.25, about
+a minute; `--reuse-relayout` reads the one already there instead).
 
 A goal the simulator does not meet is a finding about the placement model, explained in docs/simulator.md, not a
 fault of the lab: the block says so, and the exit status stays 0. `--enforce-goals` (`make lab LAB_GOALS=enforce`)
@@ -27,7 +30,23 @@ RUNS = {
     "sim-quiet": "quiet-night trace, spread vs pack vs auto",
     "sim-shared": "finnlp's 1g.10gb time-sliced x4, count vs load",
     "sim-tp": "tensor-parallel LLM mix with interference, count vs spread vs auto",
+    "sim-relayout": "MIG day trace (x0.25), static layouts vs a re-layout every 10 min",
 }
+# The re-layout's lab variant: the day trace's rates and the pools x0.25 (the full day takes minutes).
+RELAYOUT_LAB_ARGS = ["--inventory", "inventories/lab", "--scale", "0.25", "--quiet"]
+
+
+def _run_relayout(directory: Path) -> None:
+    """The re-layout comparison's lab variant into `directory` (its table in report.txt)."""
+    import contextlib
+
+    from gpufleet_extender.simulate.relayout import main as relayout_main
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "report.txt").open("w", encoding="utf-8") as report, contextlib.redirect_stdout(report):
+        status = relayout_main([*RELAYOUT_LAB_ARGS, "--output", str(directory)])
+    if status != 0:
+        print(f"lab verdict: the re-layout simulation failed (exit {status})", file=sys.stderr)
 
 
 def _fleet_lines(summary: Path) -> list[str]:
@@ -47,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("lab_dir", type=Path, nargs="?", default=Path("build/lab"))
     parser.add_argument("--enforce-goals", action="store_true", help="exit 1 when a simulator goal is not met")
+    parser.add_argument(
+        "--reuse-relayout", action="store_true", help="read sim-relayout/results.json instead of running it again"
+    )
     args = parser.parse_args(argv)
     lab: Path = args.lab_dir
 
@@ -54,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     documents = {}
     for run in RUNS:
         path = lab / run / "results.json"
+        if run == "sim-relayout" and not args.reuse_relayout:
+            _run_relayout(lab / run)
         if not path.is_file():
             print(f"lab verdict: {path} is missing: the simulator step did not run", file=sys.stderr)
             return 2

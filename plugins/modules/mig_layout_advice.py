@@ -55,6 +55,43 @@ options:
     type: list
     elements: dict
     default: []
+  prometheus:
+    description:
+      - Add recent usage read from Prometheus to the demand - per MIG profile, the most instances of the pool that
+        were busy at once over O(prometheus.window) minus those busy now (instances recently used and free now, the
+        demand recent usage predicts). Busy means dcgm-exporter's C(DCGM_FI_PROF_GR_ENGINE_ACTIVE) above
+        O(prometheus.busy_above) on a series with a C(GPU_I_PROFILE) label, on the pool's hosts (label
+        O(prometheus.host_label)). The query is in RV(usage_query).
+    type: dict
+    suboptions:
+      url:
+        description: Prometheus base URL, for example C(http://prometheus.monitoring:9090).
+        type: str
+        required: true
+      window:
+        description: How far back usage counts (a PromQL duration).
+        type: str
+        default: 1h
+      step:
+        description: Resolution of the look back (a PromQL duration).
+        type: str
+        default: 1m
+      busy_above:
+        description: Graphics engine activity above which an instance counts as busy.
+        type: float
+        default: 0.05
+      hostnames:
+        description: Values of the host label that belong to the pool. Default - the O(nodes) names.
+        type: list
+        elements: str
+      host_label:
+        description: dcgm-exporter's label for the node.
+        type: str
+        default: Hostname
+      timeout:
+        description: Seconds to wait for Prometheus.
+        type: int
+        default: 10
   demand_file:
     description:
       - YAML file (on the host running the module) with C(version v1) and any of C(demand), C(minimums) and
@@ -102,6 +139,16 @@ EXAMPLES = r"""
   run_once: true
   register: advice
 
+- name: Demand from pending pods and the last hour's usage in Prometheus
+  gpufleet.mig.mig_layout_advice:
+    nodes: "{{ pool_nodes }}"
+    pending_pods: "{{ pending.resources }}"
+    prometheus:
+      url: http://prometheus.monitoring:9090
+      window: 1h
+  delegate_to: localhost
+  run_once: true
+
 - name: Demand from a file
   gpufleet.mig.mig_layout_advice:
     nodes: "{{ pool_nodes }}"
@@ -141,6 +188,15 @@ demand_slices:
   returned: success
   type: int
   sample: 18
+usage:
+  description: Demand added from Prometheus (O(prometheus)), per profile; empty without it.
+  returned: success
+  type: dict
+  sample: {"1g.10gb": 5}
+usage_query:
+  description: The PromQL query that gave RV(usage) (absent without O(prometheus)).
+  returned: when O(prometheus) is set
+  type: str
 upper_bound_slices:
   description: No layout serves more than this (equal to RV(served_slices) when RV(exact)).
   returned: success
@@ -193,9 +249,12 @@ summary:
   sample: ["hk-gpu-14: destroy 1, create 3", "pool: serves 18 of 18 demanded compute slices, destroy 1, create 3"]
 """
 
+import json
 import os
+import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 from ansible_collections.gpufleet.mig.plugins.module_utils.advisor import (
     AdviceError,
     advise,
@@ -227,6 +286,18 @@ def argument_spec() -> dict:
         "demand": {"type": "dict", "default": {}},
         "pending_pods": {"type": "list", "elements": "dict", "default": []},
         "demand_file": {"type": "path"},
+        "prometheus": {
+            "type": "dict",
+            "options": {
+                "url": {"type": "str", "required": True},
+                "window": {"type": "str", "default": "1h"},
+                "step": {"type": "str", "default": "1m"},
+                "busy_above": {"type": "float", "default": 0.05},
+                "hostnames": {"type": "list", "elements": "str"},
+                "host_label": {"type": "str", "default": "Hostname"},
+                "timeout": {"type": "int", "default": 10},
+            },
+        },
         "minimums": {"type": "dict"},
         "allowed_profiles": {"type": "list", "elements": "str"},
         "max_states": {"type": "int", "default": 200},
@@ -253,6 +324,60 @@ def _read_demand_file(path: str) -> dict:
     return document
 
 
+PROMQL_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+PROMQL_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def usage_query(options: dict, hostnames: list) -> str:
+    """Per GPU_I_PROFILE: the most instances busy at once over the window, minus those busy now (0 when none is)."""
+    for key in ("window", "step"):
+        if not PROMQL_DURATION.match(str(options[key])):
+            raise AdviceError(f"prometheus.{key} must be a PromQL duration such as 1h or 30s, got {options[key]!r}")
+    if not PROMQL_LABEL.match(str(options["host_label"])):
+        raise AdviceError(f"prometheus.host_label {options['host_label']!r} is not a Prometheus label name")
+    hosts = "|".join(re.escape(str(h)).replace("\\", "\\\\") for h in hostnames)
+    series = f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_PROFILE!="",{options["host_label"]}=~"{hosts}"}}'
+    busy = f"count by (GPU_I_PROFILE) ({series} > {float(options['busy_above'])})"
+    peak = f"max_over_time(({busy})[{options['window']}:{options['step']}])"
+    # "or peak": a profile with no instance busy now (or none left at all) has no series to subtract.
+    return f"{peak} - on (GPU_I_PROFILE) {busy} or {peak}"
+
+
+def demand_from_prometheus(options: dict, hostnames: list) -> tuple:
+    """(the query, {profile: instances}) from Prometheus' HTTP API (an instant query)."""
+    query = usage_query(options, hostnames)
+    url = str(options["url"]).rstrip("/") + "/api/v1/query"
+    try:
+        response = open_url(
+            url,
+            method="POST",
+            data=f"query={_quote(query)}",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            timeout=options["timeout"],
+        )
+        answer = json.loads(response.read())
+    except Exception as exc:  # open_url raises URLError, HTTPError, socket errors...; one message for all
+        raise AdviceError(f"prometheus: cannot query {url}: {exc}") from None
+    if not isinstance(answer, dict) or answer.get("status") != "success":
+        raise AdviceError(f"prometheus: {url} answered {str(answer)[:200]}")
+    usage: dict = {}
+    for sample in answer.get("data", {}).get("result", []):
+        profile = sample.get("metric", {}).get("GPU_I_PROFILE")
+        try:
+            count = int(float(sample["value"][1]))
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise AdviceError(f"prometheus: a sample of {url} is not a number: {str(sample)[:200]}") from None
+        if profile and count > 0:
+            usage[profile] = usage.get(profile, 0) + count
+    return query, dict(sorted(usage.items()))
+
+
+def _quote(text: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text, safe="")
+
+
 def _add(total: dict, more: dict, what: str) -> dict:
     if not isinstance(more, dict):
         raise AdviceError(f"{what} must map MIG profile names to counts")
@@ -271,6 +396,11 @@ def run(params: dict) -> dict:
         minimums = minimums if minimums is not None else document.get("minimums")
         allowed = allowed if allowed is not None else document.get("allowed_profiles")
     demand = _add(demand, demand_from_pods(params["pending_pods"]), "pending pods")
+    usage, query = {}, None
+    if params["prometheus"]:
+        hostnames = params["prometheus"]["hostnames"] or [node["name"] for node in params["nodes"]]
+        query, usage = demand_from_prometheus(params["prometheus"], hostnames)
+        demand = _add(demand, usage, "Prometheus usage")
     gpus = [g for node in params["nodes"] for g in gpus_from_facts(node["name"], node["gpus"], node["pod_resources"])]
     advice = advise(gpus, demand, minimums, allowed, params["max_states"])
     nodes = advice.nodes()
@@ -280,7 +410,7 @@ def run(params: dict) -> dict:
         f"pool: serves {advice.served_slices} of {advice.demand_slices} demanded compute slices, "
         f"destroy {advice.destroyed}, create {advice.created}" + ("" if advice.exact else " (beam search, not proven)")
     )
-    return {
+    result = {
         "changed": False,
         "exact": advice.exact,
         "demand": advice.demand,
@@ -293,7 +423,11 @@ def run(params: dict) -> dict:
         "created": advice.created,
         "nodes": nodes,
         "summary": summary,
+        "usage": usage,
     }
+    if query is not None:
+        result["usage_query"] = query
+    return result
 
 
 def main():

@@ -45,7 +45,28 @@ def _lab(tmp_path: Path, cov_met: bool) -> Path:
     # The shared-device and tensor-parallel runs: figures without goals judged here.
     shared = {"fleet": {"replicas": 1, "sharing": {"finnlp:nvidia.com/mig-1g.10gb": 4}}, "trace": {"pods": 80}}
     tp = {"trace": {"pods": 60}}
-    for run, document in (("sim", mixed), ("sim-quiet", quiet), ("sim-shared", shared), ("sim-tp", tp)):
+    relayout = {
+        "kind": "mig-relayout",
+        "trace": {"pods": 40},
+        "parameters": {"every_minutes": 10, "wait_bound_minutes": 20, "search_limit_gpus": 48},
+        "pools": {
+            "static": {"imagegen": {"pending_pod_minutes": 4000.0, "wait_p95_s": 900.0}},
+            "relayout": {
+                "imagegen": {
+                    "pending_pod_minutes": 100.0,
+                    "wait_p95_s": 0.0,
+                    "relayouts": 7,
+                    "destroyed": 12,
+                    "created": 30,
+                    "disturbed": 0,
+                }
+            },
+        },
+        "gpus_needed": {"static": {"imagegen": None}, "relayout": {"imagegen": 8}},
+        "goals": [{"goal": "re-layout disturbs no running pod", "passed": True, "detail": "0 disturbed"}],
+    }
+    runs = (("sim", mixed), ("sim-quiet", quiet), ("sim-shared", shared), ("sim-tp", tp), ("sim-relayout", relayout))
+    for run, document in runs:
         (lab / run).mkdir()
         (lab / run / "results.json").write_text(json.dumps(document))
     (lab / "sim" / "node_load.png").write_bytes(b"\x89PNG")
@@ -58,9 +79,11 @@ def _verdict(*args: str) -> subprocess.CompletedProcess:
 
 def test_a_missed_goal_is_said_with_its_reason_and_passes_unless_enforced(tmp_path):
     lab = _lab(tmp_path, cov_met=False)
-    run = _verdict(str(lab))
+    run = _verdict(str(lab), "--reuse-relayout")
     assert run.returncode == 0, run.stderr
     out = run.stdout
+    assert "imagegen: pending pod-minutes 100 with a re-layout every 10 min vs 4,000 static" in out
+    assert "imagegen 8 vs more than 48" in out and "met      re-layout disturbs no running pod: 0 disturbed" in out
     assert "tenant llm (tenant_llm): 2 nodes" in out and "pool total   15 x whole GPU" in out
     assert "hk-gpu-02    7 x whole GPU  (!) layout implies" in out and "hk-gpu-01" not in out  # only odd nodes
     assert "places like counting GPUs" in out and "2.0 vs 1.0 whole nodes free (x2.00)" in out
@@ -70,16 +93,16 @@ def test_a_missed_goal_is_said_with_its_reason_and_passes_unless_enforced(tmp_pa
     assert "peak-hour" not in out  # not judged on these traces: not listed
     assert f"manifests   {lab}/manifests/ (1 files" in out and f"{lab}/sim/node_load.png" in out
     assert "issue" not in out.lower()
-    enforced = _verdict(str(lab), "--enforce-goals")
+    enforced = _verdict(str(lab), "--enforce-goals", "--reuse-relayout")
     assert enforced.returncode == 1 and "make lab fails" in enforced.stdout
 
 
 def test_all_goals_met_and_a_missing_step(tmp_path):
     lab = _lab(tmp_path, cov_met=True)
-    run = _verdict(str(lab), "--enforce-goals")
+    run = _verdict(str(lab), "--enforce-goals", "--reuse-relayout")
     assert run.returncode == 0 and "every goal judged on these traces is met" in run.stdout
     (lab / "sim-quiet" / "results.json").unlink()
-    missing = _verdict(str(lab))
+    missing = _verdict(str(lab), "--reuse-relayout")
     assert missing.returncode == 2 and "sim-quiet/results.json is missing: the simulator step did not run" in (
         missing.stderr
     )

@@ -11,6 +11,7 @@ from ansible_collections.gpufleet.mig.plugins.module_utils import gpu_info
 from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml, new_state
 from ansible_collections.gpufleet.mig.plugins.module_utils.runner import apply
 from fake_kubelet import FakeKubelet, NodeDevices
+from fake_prometheus import busy_count, free_port, mig_series, prometheus, wait_for
 from support import run_playbook
 
 POOL = ["hk-gpu-17", "hk-gpu-18", "hk-gpu-19", "hk-gpu-20"]
@@ -89,3 +90,48 @@ def test_pool_must_be_named(tmp_path):
     assert "Name the pool with -e mig_rebalance_pool=<inventory group> (got tenant_nope" in " ".join(
         result.stdout.split()
     )
+
+
+def test_check_mode_adds_recent_usage_from_prometheus(tmp_path):
+    # hk-gpu-17 ran four 1g.10gb pods until a moment ago; now one runs: the last window's usage asks for 3 more
+    # 1g.10gb, on top of 1 x 3g.40gb asked inline. The pool's free 1g.10gb serve them, the 3g.40gb takes a re-layout.
+    lab = tmp_path / "lab"
+    (lab / "nvml").mkdir(parents=True)
+    for host in POOL:
+        path = lab / "nvml" / f"{host}.json"
+        path.write_text(json.dumps(new_state(gpus=8, product="NVIDIA H100 80GB HBM3")))
+        apply(SimulatedNvml(str(path)), FINNLP)
+    extra = {
+        "gpufleet_lab_dir": str(lab),
+        "mig_rebalance_pool": "tenant_finnlp",
+        "mig_rebalance_demand": {"3g.40gb": 1},
+        "mig_rebalance_allowed_profiles": ["1g.10gb", "3g.40gb"],
+        "mig_rebalance_read_pod_resources": False,
+        "mig_rebalance_usage_window": "60s",
+        "mig_rebalance_usage_step": "1s",  # the default 1m would sample this young Prometheus once or twice
+    }
+    with prometheus(tmp_path) as (url, exporter):
+        exporter.text = "".join(mig_series("hk-gpu-17", gi, "1g.10gb", 0.9) for gi in range(4))
+        wait_for("four busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-17", "1g.10gb") == 4)
+        exporter.text = mig_series("hk-gpu-17", 0, "1g.10gb", 0.9) + "".join(
+            mig_series("hk-gpu-17", gi, "1g.10gb", 0.0) for gi in range(1, 4)
+        )
+        wait_for("one busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-17", "1g.10gb") == 1)
+        check = run_playbook(
+            "playbooks/mig-rebalance.yml",
+            "inventories/lab",
+            dict(extra, mig_rebalance_prometheus_url=url),
+            tmp_path,
+            ("--check",),
+        )
+    assert check.returncode == 0, check.stdout[-4000:]
+    # 3 x 1g.10gb (3 slices) from the usage + 1 x 3g.40gb (3 slices) inline.
+    assert "pool: serves 6 of 6 demanded compute slices" in check.stdout
+    down = run_playbook(
+        "playbooks/mig-rebalance.yml",
+        "inventories/lab",
+        dict(extra, mig_rebalance_prometheus_url=f"http://127.0.0.1:{free_port()}"),
+        tmp_path,
+        ("--check",),
+    )
+    assert down.returncode != 0 and "prometheus: cannot query http://127.0.0.1:" in down.stdout

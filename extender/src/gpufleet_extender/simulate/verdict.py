@@ -15,6 +15,7 @@ DOCS = "docs/simulator.md"
 GOALS_SECTION = "goals-and-what-the-model-says-about-them"
 STRATEGIES_SECTION = "scoring-strategies-spread-pack-and-auto"
 SHARED_SECTION = "shared-devices-interference-and-tensor-parallel-pods"
+RELAYOUT_SECTION = "mig-re-layout-on-a-day-trace"
 
 # Why each goal can be missed, as the model shows it (docs/simulator.md says it at length), and where.
 _WHY_NOT_MET: dict[str, tuple[str, str]] = {
@@ -55,6 +56,24 @@ _WHY_NOT_MET: dict[str, tuple[str, str]] = {
         "the node with the quietest neighbours is the one counting picks too",
         SHARED_SECTION,
     ),
+    "relayout-disturbed": (
+        "a pod held an instance the advice destroyed: the advisor's first rule (allocated instances stay) failed",
+        RELAYOUT_SECTION,
+    ),
+    "relayout-minimum": (
+        "a re-layout destroyed more instances than any placement of its target must while keeping the held ones",
+        RELAYOUT_SECTION,
+    ),
+    "relayout-pending": (
+        "pods wait for the next re-layout (up to T minutes), and a GPU changes shape only around the instances pods "
+        "still hold",
+        RELAYOUT_SECTION,
+    ),
+    "relayout-gpus": (
+        "a re-layout reshapes only free instances: held ones pin each GPU's shape, and new pods wait up to T minutes "
+        "for the next re-layout, so the pool needs headroom static sizing does not",
+        RELAYOUT_SECTION,
+    ),
 }
 
 
@@ -64,6 +83,8 @@ def _ratio(a: float, b: float) -> str:
 
 def findings(document: Mapping[str, Any]) -> list[str]:
     """One or two sentences on what the run shows, with its figures."""
+    if document.get("kind") == "mig-relayout":
+        return relayout_findings(document)
     policies: Mapping[str, Mapping[str, Any]] = document.get("policies", {})
     capacity: Mapping[str, Mapping[str, Any]] = document.get("capacity", {})
     replicas = document.get("fleet", {}).get("replicas", 1)
@@ -99,6 +120,39 @@ def findings(document: Mapping[str, Any]) -> list[str]:
             f"{auto['free_gpus_mean']:.1f} vs {spread['free_gpus_mean']:.1f} whole GPUs "
             f"({_ratio(auto['free_gpus_mean'], spread['free_gpus_mean'])}): "
             "it moves free capacity onto fewer nodes more than it frees GPUs."
+        )
+    return lines
+
+
+def relayout_findings(document: Mapping[str, Any]) -> list[str]:
+    """The MIG re-layout run (simulate/relayout.py): pending pod-minutes and re-layout work, per tenant pool."""
+    pools = document.get("pools", {})
+    static, relayout = pools.get("static", {}), pools.get("relayout", {})
+    every = document.get("parameters", {}).get("every_minutes")
+    lines = []
+    for tenant in sorted(relayout):
+        s, r = static.get(tenant, {}), relayout[tenant]
+        lines.append(
+            f"{tenant}: pending pod-minutes {r['pending_pod_minutes']:,.0f} with a re-layout every {every:g} min vs "
+            f"{s.get('pending_pod_minutes', 0):,.0f} static (wait p95 {r['wait_p95_s']:.0f} s vs "
+            f"{s.get('wait_p95_s', 0):.0f} s); {r['relayouts']} re-layouts destroyed {r['destroyed']} free "
+            f"instances and created {r['created']}, {r['disturbed']} running pod(s) disturbed."
+        )
+    needed = document.get("gpus_needed") or {}
+    if needed:
+        limit = document.get("parameters", {}).get("search_limit_gpus")
+
+        def shown(n: int | None) -> str:
+            return str(n) if n is not None else f"more than {limit}"
+
+        lines.append(
+            "GPUs needed for no wait above "
+            f"{document['parameters']['wait_bound_minutes']:g} min, re-layout vs static: "
+            + ", ".join(
+                f"{t} {shown(needed['relayout'].get(t))} vs {shown(needed['static'].get(t))}"
+                for t in sorted(needed.get("relayout", {}))
+            )
+            + "."
         )
     return lines
 

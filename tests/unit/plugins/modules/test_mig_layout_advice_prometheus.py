@@ -1,0 +1,84 @@
+"""mig_layout_advice's demand from recent usage, through a real Prometheus (Debian package) scraping a small
+dcgm-exporter stand-in on 127.0.0.1 whose MIG series the test changes: three 1g.10gb instances busy, then one."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from ansible_collections.gpufleet.mig.plugins.module_utils import gpu_info
+from ansible_collections.gpufleet.mig.plugins.module_utils.advisor import AdviceError
+from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml, new_state
+from ansible_collections.gpufleet.mig.plugins.module_utils.runner import apply
+from ansible_collections.gpufleet.mig.plugins.modules import mig_layout_advice
+from fake_prometheus import busy_count, free_port, mig_series, wait_for
+from fake_prometheus import prometheus as start_prometheus
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    with start_prometheus(tmp_path) as running:
+        yield running
+
+
+def _node(tmp_path) -> dict:
+    """hk-gpu-11: one simulated GPU of 2 x 3g.40gb, nothing allocated."""
+    path = tmp_path / "hk-gpu-11.json"
+    path.write_text(json.dumps(new_state(gpus=1, product="NVIDIA H100 80GB HBM3")))
+    sim = SimulatedNvml(str(path))
+    apply(sim, [{"devices": [0], "mig_enabled": True, "mig_devices": {"3g.40gb": 2}}])
+    return {"name": "hk-gpu-11", "gpus": gpu_info.collect(sim), "pod_resources": None}
+
+
+def test_recent_usage_adds_the_instances_busy_lately_and_free_now(prometheus, tmp_path):
+    url, exporter = prometheus
+    # First: on hk-gpu-11 three 1g.10gb and one 3g.40gb busy; hk-gpu-99 (not in the pool) has two busy 1g.10gb.
+    exporter.text = (
+        "".join(mig_series("hk-gpu-11", gi, "1g.10gb", 0.9) for gi in (7, 8, 9))
+        + mig_series("hk-gpu-11", 1, "3g.40gb", 0.8)
+        + "".join(mig_series("hk-gpu-99", gi, "1g.10gb", 0.9) for gi in (7, 8))
+    )
+    wait_for("three busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-11", "1g.10gb") == 3)
+    time.sleep(2)  # a few samples of the busy state inside the look-back
+    # Then: two of the 1g.10gb go idle (their pods ended), the 3g.40gb stays busy, hk-gpu-99 goes idle.
+    exporter.text = (
+        mig_series("hk-gpu-11", 7, "1g.10gb", 0.9)
+        + "".join(mig_series("hk-gpu-11", gi, "1g.10gb", 0.0) for gi in (8, 9))
+        + mig_series("hk-gpu-11", 1, "3g.40gb", 0.8)
+        + "".join(mig_series("hk-gpu-99", gi, "1g.10gb", 0.0) for gi in (7, 8))
+    )
+    wait_for("one busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-11", "1g.10gb") == 1)
+    options = {"url": url, "window": "60s", "step": "1s", "busy_above": 0.05, "host_label": "Hostname", "timeout": 5}
+    query, usage = mig_layout_advice.demand_from_prometheus(options, ["hk-gpu-11", "hk-gpu-12"])
+    # 1g.10gb: 3 busy at most over the minute, 1 now -> 2; 3g.40gb: 1 and 1 -> 0 (left out); hk-gpu-99 not counted.
+    assert usage == {"1g.10gb": 2}
+    assert 'Hostname=~"hk\\\\-gpu\\\\-11|hk\\\\-gpu\\\\-12"' in query
+    # The module: the usage joins the demand, and the pool's node names are the default hostnames.
+    params = {
+        "nodes": [_node(tmp_path)],
+        "demand": {"3g.40gb": 1},
+        "pending_pods": [],
+        "demand_file": None,
+        "minimums": None,
+        "allowed_profiles": None,
+        "max_states": 200,
+        "prometheus": dict(options, hostnames=None),
+    }
+    result = mig_layout_advice.run(params)
+    assert result["usage"] == {"1g.10gb": 2} and result["demand"] == {"1g.10gb": 2, "3g.40gb": 1}
+    assert result["served"] == {"1g.10gb": 2, "3g.40gb": 1}  # one 3g.40gb kept, the other made 1g.10gb
+    assert 'Hostname=~"hk\\\\-gpu\\\\-11"' in result["usage_query"]
+    # Nothing busy now, the 3g.40gb gone altogether: no series to subtract ("or peak"), so the demand is the peak.
+    exporter.text = "".join(mig_series("hk-gpu-11", gi, "1g.10gb", 0.0) for gi in (7, 8, 9))
+    wait_for("no busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-11", "1g.10gb") == 0)
+    assert mig_layout_advice.demand_from_prometheus(options, ["hk-gpu-11"])[1] == {"1g.10gb": 3, "3g.40gb": 1}
+
+
+def test_an_unreachable_prometheus_or_a_bad_window_is_one_clear_error():
+    options = {"url": f"http://127.0.0.1:{free_port()}", "window": "1h", "step": "1m", "busy_above": 0.05}
+    options.update(host_label="Hostname", timeout=2)
+    with pytest.raises(AdviceError, match=r"prometheus: cannot query http://127\.0\.0\.1:"):
+        mig_layout_advice.demand_from_prometheus(options, ["hk-gpu-11"])
+    with pytest.raises(AdviceError, match=r"prometheus\.window must be a PromQL duration"):
+        mig_layout_advice.demand_from_prometheus(dict(options, window="an hour"), ["hk-gpu-11"])
