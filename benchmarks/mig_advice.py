@@ -71,7 +71,11 @@ def check(gpus: list[GpuNow], advice) -> list[str]:
         if lost:
             problems.append(f"{gpu.node} GPU {gpu.index}: allocated instance(s) destroyed: {lost}")
         if gpu.changed:
-            minimum = bench_mig.minimum_destroyed([(i.profile, i.start) for i in current.instances], gpu.counts(), H100)
+            # The minimum among the layouts that keep every allocated instance: the advisor may not destroy
+            # those, so the unconstrained minimum can be lower than any layout it may choose.
+            held = {(i.profile, i.start) for i in current.instances if i.allocated}
+            instances = [(i.profile, i.start) for i in current.instances]
+            minimum = bench_mig.minimum_destroyed_keeping(instances, gpu.counts(), held, H100)
             if len(gpu.destroy) != minimum:
                 problems.append(f"{gpu.node} GPU {gpu.index}: destroys {len(gpu.destroy)}, minimum {minimum}")
     return problems

@@ -135,10 +135,12 @@ def check_guarantees(gpus, advice, minimums=None, allowed=None):
         # Allocated instances stay, at their placement.
         assert {(i.profile, i.start) for i in now.instances if i.allocated} <= after
         assert all(not i.allocated for i in gpu.destroy)
-        # What is destroyed is the fewest any valid placement of the new counts destroys (bench-mig's reference).
+        # What is destroyed is the fewest any valid placement of the new counts that keeps the allocated
+        # instances destroys (bench-mig's reference).
         current = [(i.profile, i.start) for i in now.instances]
+        held = {(i.profile, i.start) for i in now.instances if i.allocated}
         if gpu.changed:
-            assert len(gpu.destroy) == bench.minimum_destroyed(current, gpu.counts(), H100)
+            assert len(gpu.destroy) == bench.minimum_destroyed_keeping(current, gpu.counts(), held, H100)
         if allowed is not None:
             assert all(s.profile in allowed for s in gpu.create)
     totals = {}
