@@ -22,10 +22,11 @@ import pytest
 PROMETHEUS = os.environ.get("GPUFLEET_PROMETHEUS_BINARY", "/usr/bin/prometheus")
 
 
-def mig_series(host: str, gi: int, profile: str, activity: float) -> str:
-    """One MIG instance's DCGM_FI_PROF_GR_ENGINE_ACTIVE line, labelled as dcgm-exporter labels it."""
+def mig_series(host: str, gi: int, profile: str, activity: float, host_label: str = "Hostname") -> str:
+    """One MIG instance's DCGM_FI_PROF_GR_ENGINE_ACTIVE line, labelled as dcgm-exporter labels it (the host label
+    is `Hostname` in released images, `hostname` in newer ones)."""
     return (
-        f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{gpu="0",GPU_I_ID="{gi}",GPU_I_PROFILE="{profile}",Hostname="{host}"}} '
+        f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{gpu="0",GPU_I_ID="{gi}",GPU_I_PROFILE="{profile}",{host_label}="{host}"}} '
         f"{activity}\n"
     )
 

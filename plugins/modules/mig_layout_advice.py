@@ -61,7 +61,7 @@ options:
         were busy at once over O(prometheus.window) minus those busy now (instances recently used and free now, the
         demand recent usage predicts). Busy means dcgm-exporter's C(DCGM_FI_PROF_GR_ENGINE_ACTIVE) above
         O(prometheus.busy_above) on a series with a C(GPU_I_PROFILE) label, on the pool's hosts (label
-        O(prometheus.host_label)). The query is in RV(usage_query).
+        O(prometheus.host_label), by default either spelling dcgm-exporter uses). The query is in RV(usage_query).
     type: dict
     suboptions:
       url:
@@ -85,9 +85,10 @@ options:
         type: list
         elements: str
       host_label:
-        description: dcgm-exporter's label for the node.
+        description:
+          - dcgm-exporter's label for the node. Default - C(Hostname) (released images) or C(hostname) (newer
+            ones), whichever a series has.
         type: str
-        default: Hostname
       timeout:
         description: Seconds to wait for Prometheus.
         type: int
@@ -294,7 +295,7 @@ def argument_spec() -> dict:
                 "step": {"type": "str", "default": "1m"},
                 "busy_above": {"type": "float", "default": 0.05},
                 "hostnames": {"type": "list", "elements": "str"},
-                "host_label": {"type": "str", "default": "Hostname"},
+                "host_label": {"type": "str"},
                 "timeout": {"type": "int", "default": 10},
             },
         },
@@ -326,6 +327,8 @@ def _read_demand_file(path: str) -> dict:
 
 PROMQL_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 PROMQL_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# dcgm-exporter's host label: `Hostname` in released images, `hostname` in newer ones.
+HOST_LABELS = ("Hostname", "hostname")
 
 
 def usage_query(options: dict, hostnames: list) -> str:
@@ -333,10 +336,13 @@ def usage_query(options: dict, hostnames: list) -> str:
     for key in ("window", "step"):
         if not PROMQL_DURATION.match(str(options[key])):
             raise AdviceError(f"prometheus.{key} must be a PromQL duration such as 1h or 30s, got {options[key]!r}")
-    if not PROMQL_LABEL.match(str(options["host_label"])):
-        raise AdviceError(f"prometheus.host_label {options['host_label']!r} is not a Prometheus label name")
+    host_labels = [options["host_label"]] if options.get("host_label") else list(HOST_LABELS)
+    for label in host_labels:
+        if not PROMQL_LABEL.match(str(label)):
+            raise AdviceError(f"prometheus.host_label {label!r} is not a Prometheus label name")
     hosts = "|".join(re.escape(str(h)).replace("\\", "\\\\") for h in hostnames)
-    series = f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_PROFILE!="",{options["host_label"]}=~"{hosts}"}}'
+    selectors = [f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_PROFILE!="",{label}=~"{hosts}"}}' for label in host_labels]
+    series = selectors[0] if len(selectors) == 1 else "(" + " or ".join(selectors) + ")"
     busy = f"count by (GPU_I_PROFILE) ({series} > {float(options['busy_above'])})"
     peak = f"max_over_time(({busy})[{options['window']}:{options['step']}])"
     # "or peak": a profile with no instance busy now (or none left at all) has no series to subtract.

@@ -33,10 +33,12 @@ def _node(tmp_path) -> dict:
 
 def test_recent_usage_adds_the_instances_busy_lately_and_free_now(prometheus, tmp_path):
     url, exporter = prometheus
-    # First: on hk-gpu-11 three 1g.10gb and one 3g.40gb busy; hk-gpu-99 (not in the pool) has two busy 1g.10gb.
+    # First: on hk-gpu-11 three 1g.10gb and one 3g.40gb busy; hk-gpu-99 (not in the pool) has two busy 1g.10gb;
+    # hk-gpu-12's exporter, a newer image, labels its busy 1g.10gb `hostname`.
     exporter.text = (
         "".join(mig_series("hk-gpu-11", gi, "1g.10gb", 0.9) for gi in (7, 8, 9))
         + mig_series("hk-gpu-11", 1, "3g.40gb", 0.8)
+        + mig_series("hk-gpu-12", 7, "1g.10gb", 0.9, host_label="hostname")
         + "".join(mig_series("hk-gpu-99", gi, "1g.10gb", 0.9) for gi in (7, 8))
     )
     wait_for("three busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-11", "1g.10gb") == 3)
@@ -47,13 +49,19 @@ def test_recent_usage_adds_the_instances_busy_lately_and_free_now(prometheus, tm
         + "".join(mig_series("hk-gpu-11", gi, "1g.10gb", 0.0) for gi in (8, 9))
         + mig_series("hk-gpu-11", 1, "3g.40gb", 0.8)
         + "".join(mig_series("hk-gpu-99", gi, "1g.10gb", 0.0) for gi in (7, 8))
+        + mig_series("hk-gpu-12", 7, "1g.10gb", 0.0, host_label="hostname")
     )
     wait_for("one busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-11", "1g.10gb") == 1)
-    options = {"url": url, "window": "60s", "step": "1s", "busy_above": 0.05, "host_label": "Hostname", "timeout": 5}
+    options = {"url": url, "window": "60s", "step": "1s", "busy_above": 0.05, "host_label": None, "timeout": 5}
     query, usage = mig_layout_advice.demand_from_prometheus(options, ["hk-gpu-11", "hk-gpu-12"])
-    # 1g.10gb: 3 busy at most over the minute, 1 now -> 2; 3g.40gb: 1 and 1 -> 0 (left out); hk-gpu-99 not counted.
-    assert usage == {"1g.10gb": 2}
+    # 1g.10gb: 4 busy at most over the minute (either host label), 1 now -> 3; 3g.40gb: 1 and 1 -> 0 (left out);
+    # hk-gpu-99 not counted.
+    assert usage == {"1g.10gb": 3}
     assert 'Hostname=~"hk\\\\-gpu\\\\-11|hk\\\\-gpu\\\\-12"' in query
+    assert 'hostname=~"hk\\\\-gpu\\\\-11|hk\\\\-gpu\\\\-12"' in query
+    # A label named in the options is the only one read.
+    pinned = dict(options, host_label="Hostname")
+    assert mig_layout_advice.demand_from_prometheus(pinned, ["hk-gpu-11", "hk-gpu-12"])[1] == {"1g.10gb": 2}
     # The module: the usage joins the demand, and the pool's node names are the default hostnames.
     params = {
         "nodes": [_node(tmp_path)],
