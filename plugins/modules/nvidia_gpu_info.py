@@ -99,10 +99,15 @@ gpus:
               mig_device_uuid: MIG-0d3c1c1e-4c38-5a0f-9b7a-2c7c5f0f3e21
           processes: [4242]
     processes:
-      description: Compute processes on the GPU; C(gpu_instance_id) is null outside MIG instances.
+      description:
+        - Compute and graphics processes on the GPU; C(gpu_instance_id) is null outside MIG instances.
+        - C(type) is C(compute), C(graphics) or C(compute+graphics); C(used_memory_mib) is null where NVML does not
+          report it.
+        - PIDs are the host's: NVML does not translate them into a container's PID namespace.
       type: list
       elements: dict
-      sample: [{"pid": 4242, "used_memory_mib": 2048, "gpu_instance_id": 1, "compute_instance_id": 0}]
+      sample:
+        - {"pid": 4242, "used_memory_mib": 2048, "gpu_instance_id": 1, "compute_instance_id": 0, "type": "compute"}
     mig_profiles:
       description: The GPU-instance profiles NVML reports for this GPU, with their possible placements.
       type: list
