@@ -204,7 +204,9 @@ class PynvmlBackend(NvmlInterface):
             return getattr(self._lib, name)(*args)
         except self._lib.NVMLError as exc:
             code = getattr(exc, "value", 999)
-            raise NvmlError(name, code, error_name(code)) from None
+            # Changing MIG mode or instances "requires root user" / "privileged user" (nvml.h).
+            hint = "this needs root (become: true)" if error_name(code) == "NO_PERMISSION" else ""
+            raise NvmlError(name, code, error_name(code), hint) from None
 
     def _handle(self, index: int) -> Any:
         if index not in self._handles:

@@ -83,7 +83,10 @@ gpus:
       type: dict
       sample: {"current": true, "pending": true}
     gpu_instances:
-      description: GPU instances by placement start (empty when MIG is disabled).
+      description:
+        - GPU instances by placement start (empty when MIG is disabled).
+        - C(gpu_instance_id) is the driver's, derived from the placement (C(0) for a whole-GPU instance), not from
+          the order of creation.
       type: list
       elements: dict
       sample:

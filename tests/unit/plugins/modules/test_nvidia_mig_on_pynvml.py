@@ -126,6 +126,18 @@ def test_without_privileges_processes_are_read_per_mig_device_and_still_count(ho
     assert result["failed"] and "GPU instance 1" in result["msg"] and "PIDs 6060" in result["msg"]
 
 
+def test_an_unprivileged_apply_fails_with_a_hint_and_changes_nothing(host):
+    host.run(nvidia_mig, {"config": layout({"3g.40gb": 2}, devices=[0])})
+    host.sim.state["privileged"] = False
+    host.sim._save()
+    planned = host.run(nvidia_mig, {"config": layout({"7g.80gb": 1}, devices=[0])}, check_mode=True)
+    assert planned["changed"] and not planned.get("failed")  # reading and planning need no privileges
+    result = host.run(nvidia_mig, {"config": layout({"7g.80gb": 1}, devices=[0])})
+    assert result["failed"] and not result["changed"]
+    assert "NVML_ERROR_NO_PERMISSION (4): this needs root (become: true)" in result["msg"]
+    assert layout_of(host, 0) == [("3g.40gb", 0, 1), ("3g.40gb", 4, 2)]
+
+
 def test_when_no_query_may_list_the_processes_the_module_fails_instead_of_guessing(host):
     host.run(nvidia_mig, {"config": layout({"3g.40gb": 2}, devices=[0])})
     host.sim.state["privileged"] = False
