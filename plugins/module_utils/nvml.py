@@ -276,8 +276,14 @@ class PynvmlBackend(NvmlInterface):
         if proc.returncode != 0:
             output = (proc.stdout + proc.stderr).strip().replace("\n", " ")
             name = _RESET_EXIT_CODES.get(proc.returncode, "UNKNOWN")
-            if "in use" in output.lower():  # 255 "In use by another client": processes or NVML clients hold the GPU
+            # "The following GPUs could not be reset: GPU …: <reason>" comes with 255 whatever the reason, so the
+            # reason decides: "In use by another client" (processes or NVML clients hold the GPU), or "Not Supported"
+            # (e.g. a GPU of an NVLink domain that can only be reset as a whole).
+            lowered = output.lower()
+            if "in use" in lowered:
                 name = "IN_USE"
+            elif "not supported" in lowered:
+                name = "NOT_SUPPORTED"
             raise NvmlError("nvidia-smi --gpu-reset", ERROR_CODES[name], name, output)
 
     def gpu_instance_profiles(self, index: int) -> list[ProfileInfo]:

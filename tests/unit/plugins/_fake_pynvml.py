@@ -270,7 +270,7 @@ IN_USE_TEXT = (
     "server, or a monitoring application such as another instance of nvidia-smi). Please first kill all processes "
     "using this device and all compute applications running in the system.\n"
 )
-NOT_SUPPORTED_TEXT = "GPU {bus}: Resetting GPU is not supported on this device.\n"
+NOT_SUPPORTED_TEXT = "The following GPUs could not be reset:\n  GPU {bus}: Not Supported\n"
 SUCCESS_TEXT = "GPU {bus} was successfully reset.\nAll done.\n"
 
 _STAND_IN = """#!{python}
@@ -294,7 +294,7 @@ try:
 except NvmlError as exc:
     if exc.code_name == "NOT_SUPPORTED":
         sys.stdout.write({not_supported!r}.format(bus=bus))
-        sys.exit(3)
+        sys.exit(255)
     sys.stdout.write({in_use!r}.format(bus=bus))
     sys.exit(255)
 sys.stdout.write({success!r}.format(bus=bus))

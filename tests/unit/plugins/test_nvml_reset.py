@@ -29,6 +29,8 @@ ANSWERS = {
         "all processes using this device and all compute applications running in the system.\n",
     ),
     "not-supported": (3, f"GPU {BUS}: Resetting GPU is not supported on this device.\n"),
+    # What `nvidia-smi -r` prints for GPUs with NVLink active: the same list as for a busy GPU, another reason.
+    "not-supported-listed": (255, f"The following GPUs could not be reset:\n  GPU {BUS}: Not Supported\n"),
     "no-permission": (4, "Unable to reset GPU: Insufficient Permissions\n"),
     "gpu-lost": (15, f"Unable to determine the device handle for GPU {BUS}: GPU is lost.\n"),
     "other": (255, f"GPU {BUS}: Unknown Error\n"),
@@ -81,6 +83,7 @@ def test_reset_runs_nvidia_smi_for_that_gpu_only(nvidia_smi):
     [
         ("in-use", "IN_USE"),
         ("not-supported", "NOT_SUPPORTED"),
+        ("not-supported-listed", "NOT_SUPPORTED"),
         ("no-permission", "NO_PERMISSION"),
         ("gpu-lost", "GPU_IS_LOST"),
         ("other", "UNKNOWN"),

@@ -90,6 +90,18 @@ def test_a_reset_refused_by_nvidia_smi_leaves_the_mode_pending_for_a_reboot(host
     assert state(host).mig_mode(0) == (False, True)
 
 
+def test_a_gpu_that_cannot_be_reset_here_is_left_for_a_reboot_and_the_others_are_done(host):
+    # nvidia-smi lists the GPU as "Not Supported" (a GPU of an NVLink domain), exit 255 as for a busy one.
+    host.sim.state["gpus"][0]["reset_supported"] = False
+    host.sim._save()
+    host.sim.add_fault("nvmlDeviceSetMigMode", "IN_USE", gpu=0, as_status=True)
+    result = host.run(nvidia_mig, {"config": layout({"3g.40gb": 2})})
+    assert not result.get("failed"), result.get("msg")
+    gpu0, gpu1 = result["gpus"]
+    assert result["reboot_required"] and gpu0["mig_mode_pending"] and "Not Supported" in gpu0["reset_error"]
+    assert [step["op"] for step in gpu1["done"]] == ["enable_mig", "create", "create"]
+
+
 def test_a_graphics_process_makes_its_instance_busy(host):
     host.run(nvidia_mig, {"config": layout({"3g.40gb": 2}, devices=[0])})
     host.sim.add_process(0, pid=4040, gi_id=2, kind="graphics")
