@@ -164,7 +164,7 @@ class NvmlInterface:
         raise NotImplementedError
 
 
-def _merge(records: list[ProcessRecord]) -> list[ProcessRecord]:
+def merge_processes(records: list[ProcessRecord]) -> list[ProcessRecord]:
     """One record per process and instance: a process with a compute and a graphics context is listed by both calls."""
     merged: dict[tuple[int, int | None, int | None], ProcessRecord] = {}
     for record in records:
@@ -317,7 +317,7 @@ class PynvmlBackend(NvmlInterface):
         return profiles
 
     def _compute_instance_profiles(self, gi: Any) -> list[Any]:
-        found: list[ProcessRecord] = []
+        found = []
         for enum in range(COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
                 found.append(
@@ -390,7 +390,7 @@ class PynvmlBackend(NvmlInterface):
         """
         handle = self._handle(index)
         try:
-            return _merge(self._processes(handle))
+            return merge_processes(self._processes(handle))
         except NvmlError as exc:
             if exc.code_name != "NO_PERMISSION" or not self.mig_mode(index)[0]:
                 raise
@@ -417,7 +417,7 @@ class PynvmlBackend(NvmlInterface):
                     ) from None
                 raise
             found.extend(ProcessRecord(p.pid, p.used_memory_mib, gi_id, ci_id, p.kind) for p in in_instance)
-        return _merge(found)
+        return merge_processes(found)
 
     def _processes(self, handle: Any) -> list[ProcessRecord]:
         records = []

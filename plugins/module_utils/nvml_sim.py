@@ -41,6 +41,7 @@ from .nvml import (
     NvmlInterface,
     ProcessRecord,
     ProfileInfo,
+    merge_processes,
 )
 from .profile_tables import MEMORY_SLICES, PROFILE_COUNT, ProductTable, ProfileRow, product_table
 
@@ -330,16 +331,18 @@ class SimulatedNvml(NvmlInterface):
     def running_processes(self, index: int) -> list[ProcessRecord]:
         self._maybe_fail("running_processes", index)
         gpu = self._gpu(index, "running_processes")
-        return [
-            ProcessRecord(
-                p["pid"],
-                p.get("used_memory_mib"),
-                p.get("gpu_instance_id"),
-                p.get("compute_instance_id"),
-                p.get("type", "compute"),
-            )
-            for p in gpu["processes"]
-        ]
+        return merge_processes(
+            [
+                ProcessRecord(
+                    p["pid"],
+                    p.get("used_memory_mib"),
+                    p.get("gpu_instance_id"),
+                    p.get("compute_instance_id"),
+                    p.get("type", "compute"),
+                )
+                for p in gpu["processes"]
+            ]
+        )
 
     def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
         operation = "create_gpu_instance"

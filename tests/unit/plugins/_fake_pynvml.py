@@ -238,7 +238,7 @@ class FakePynvml:
                 computeInstanceId=NO_INSTANCE if p.ci_id is None else p.ci_id,
             )
             for p in records
-            if p.kind == kind
+            if kind in p.kind.split("+")
         ]
 
     def _nvmlDeviceGetComputeRunningProcesses(self, handle):

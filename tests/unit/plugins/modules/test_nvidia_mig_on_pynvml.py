@@ -120,6 +120,8 @@ def test_a_process_with_both_contexts_is_listed_once(host):
     host.sim.add_process(0, pid=5050, gi_id=1, kind="graphics")
     processes = host.run(nvidia_gpu_info, {})["gpus"][0]["processes"]
     assert [(p["pid"], p["type"]) for p in processes] == [(5050, "compute+graphics")]
+    # The simulator's own answer (the modules' simulator path) is the same.
+    assert [(p.pid, p.kind) for p in state(host).running_processes(0)] == [(5050, "compute+graphics")]
 
 
 def test_without_privileges_processes_are_read_per_mig_device_and_still_count(host):
