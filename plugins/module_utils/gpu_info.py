@@ -104,6 +104,7 @@ def collect(nvml: NvmlInterface) -> list[dict[str, Any]]:
                         "used_memory_mib": p.used_memory_mib,
                         "gpu_instance_id": p.gi_id,
                         "compute_instance_id": p.ci_id,
+                        "type": p.kind,
                     }
                     for p in reading.processes
                 ],

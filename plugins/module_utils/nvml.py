@@ -47,6 +47,13 @@ COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0x0
 # NVML reports "not in a MIG instance" as 0xFFFFFFFF in process records.
 NO_INSTANCE = 0xFFFFFFFF
 _MIB = 1024 * 1024
+# nvidia-smi's exit codes (nvidia-smi(1), RETURN VALUE) as the NVML errors they stand for; 255 is "other error".
+_RESET_EXIT_CODES = {3: "NOT_SUPPORTED", 4: "NO_PERMISSION", 6: "NOT_FOUND", 9: "DRIVER_NOT_LOADED", 15: "GPU_IS_LOST"}
+# The two NVML calls that list a GPU's processes, and the kind of process each lists.
+_PROCESS_CALLS = (
+    ("nvmlDeviceGetComputeRunningProcesses", "compute"),
+    ("nvmlDeviceGetGraphicsRunningProcesses", "graphics"),
+)
 
 
 def error_name(code: int) -> str:
@@ -99,6 +106,7 @@ class ProcessRecord:
     used_memory_mib: int | None
     gi_id: int | None  # None: not inside a MIG instance
     ci_id: int | None
+    kind: str = "compute"  # "compute", "graphics" or "compute+graphics" (NVML lists each kind by its own call)
 
 
 class NvmlInterface:
@@ -156,6 +164,20 @@ class NvmlInterface:
         raise NotImplementedError
 
 
+def merge_processes(records: list[ProcessRecord]) -> list[ProcessRecord]:
+    """One record per process and instance: a process with a compute and a graphics context is listed by both calls."""
+    merged: dict[tuple[int, int | None, int | None], ProcessRecord] = {}
+    for record in records:
+        key = (record.pid, record.gi_id, record.ci_id)
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = record
+        elif record.kind not in seen.kind.split("+"):
+            kind = f"{seen.kind}+{record.kind}"
+            merged[key] = ProcessRecord(seen.pid, seen.used_memory_mib, seen.gi_id, seen.ci_id, kind)
+    return list(merged.values())
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -182,7 +204,9 @@ class PynvmlBackend(NvmlInterface):
             return getattr(self._lib, name)(*args)
         except self._lib.NVMLError as exc:
             code = getattr(exc, "value", 999)
-            raise NvmlError(name, code, error_name(code)) from None
+            # Changing MIG mode or instances "requires root user" / "privileged user" (nvml.h).
+            hint = "this needs root (become: true)" if error_name(code) == "NO_PERMISSION" else ""
+            raise NvmlError(name, code, error_name(code), hint) from None
 
     def _handle(self, index: int) -> Any:
         if index not in self._handles:
@@ -228,23 +252,39 @@ class PynvmlBackend(NvmlInterface):
 
     def set_mig_mode(self, index: int, enabled: bool) -> int:
         mode = self._lib.NVML_DEVICE_MIG_ENABLE if enabled else self._lib.NVML_DEVICE_MIG_DISABLE
-        return int(self._call("nvmlDeviceSetMigMode", self._handle(index), mode))
+        try:
+            return int(self._call("nvmlDeviceSetMigMode", self._handle(index), mode))
+        finally:
+            # nvml.h: the call "may unbind or reset the device", so the caller must query the device again.
+            self._handles.pop(index, None)
 
     def reset_gpu(self, index: int) -> None:
-        # NVML has no public GPU reset; nvidia-smi does it (as mig-parted does). It refuses while clients hold the GPU.
-        proc = subprocess.run(
-            ["nvidia-smi", "--gpu-reset", "-i", str(index)], capture_output=True, text=True, check=False
-        )
+        """Reset the GPU with nvidia-smi (NVML has no public reset; mig-parted does the same).
+
+        NVML is released across the reset and initialised again after it: this process's own NVML session counts as a
+        client that keeps the GPU busy ("In use by another client"), and every handle taken before the reset is stale
+        afterwards (nvml.h: instance handles "become invalid" when the parent device is reset).
+        """
+        self._call("nvmlShutdown")
+        self._handles.clear()
+        try:
+            proc = subprocess.run(
+                ["nvidia-smi", "--gpu-reset", "-i", str(index)], capture_output=True, text=True, check=False
+            )
+        finally:
+            self._call("nvmlInit")
         if proc.returncode != 0:
             output = (proc.stdout + proc.stderr).strip().replace("\n", " ")
+            name = _RESET_EXIT_CODES.get(proc.returncode, "UNKNOWN")
+            # "The following GPUs could not be reset: GPU …: <reason>" comes with 255 whatever the reason, so the
+            # reason decides: "In use by another client" (processes or NVML clients hold the GPU), or "Not Supported"
+            # (e.g. a GPU of an NVLink domain that can only be reset as a whole).
             lowered = output.lower()
             if "in use" in lowered:
-                code = ERROR_CODES["IN_USE"]
-            elif "not supported" in lowered:  # e.g. a GPU in an NVLink domain that can only be reset as a whole
-                code = ERROR_CODES["NOT_SUPPORTED"]
-            else:
-                code = ERROR_CODES["UNKNOWN"]
-            raise NvmlError("nvidia-smi --gpu-reset", code, error_name(code), output)
+                name = "IN_USE"
+            elif "not supported" in lowered:
+                name = "NOT_SUPPORTED"
+            raise NvmlError("nvidia-smi --gpu-reset", ERROR_CODES[name], name, output)
 
     def gpu_instance_profiles(self, index: int) -> list[ProfileInfo]:
         handle = self._handle(index)
@@ -342,19 +382,59 @@ class PynvmlBackend(NvmlInterface):
         return records
 
     def running_processes(self, index: int) -> list[ProcessRecord]:
+        """Compute and graphics processes of the GPU, with the MIG instance each runs in.
+
+        With MIG on, NVML answers the query on the GPU's handle only to a privileged caller (NO_PERMISSION otherwise);
+        the per-instance answer comes from each MIG device's handle, so that is asked instead. Should that be refused
+        too, the error stands: the GPU may be busy and nobody can tell.
+        """
+        handle = self._handle(index)
+        try:
+            return merge_processes(self._processes(handle))
+        except NvmlError as exc:
+            if exc.code_name != "NO_PERMISSION" or not self.mig_mode(index)[0]:
+                raise
+        found: list[ProcessRecord] = []
+        for i in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
+            try:
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+            except NvmlError as exc:
+                if exc.code_name == "NOT_FOUND":
+                    continue
+                raise
+            gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", mig))
+            ci_id = int(self._call("nvmlDeviceGetComputeInstanceId", mig))
+            try:
+                in_instance = self._processes(mig)
+            except NvmlError as exc:
+                if exc.code_name == "NO_PERMISSION":
+                    raise NvmlError(
+                        exc.call,
+                        exc.code,
+                        exc.code_name,
+                        f"the processes on GPU {index} cannot be listed by this user, so whether its instances are "
+                        "busy is unknown; run as root (become: true)",
+                    ) from None
+                raise
+            found.extend(ProcessRecord(p.pid, p.used_memory_mib, gi_id, ci_id, p.kind) for p in in_instance)
+        return merge_processes(found)
+
+    def _processes(self, handle: Any) -> list[ProcessRecord]:
         records = []
-        for proc in self._call("nvmlDeviceGetComputeRunningProcesses", self._handle(index)):
-            used = getattr(proc, "usedGpuMemory", None)
-            gi_id = getattr(proc, "gpuInstanceId", NO_INSTANCE)
-            ci_id = getattr(proc, "computeInstanceId", NO_INSTANCE)
-            records.append(
-                ProcessRecord(
-                    int(proc.pid),
-                    int(used) // _MIB if used is not None else None,
-                    None if gi_id in (None, NO_INSTANCE) else int(gi_id),
-                    None if ci_id in (None, NO_INSTANCE) else int(ci_id),
+        for call, kind in _PROCESS_CALLS:
+            for proc in self._call(call, handle):
+                used = getattr(proc, "usedGpuMemory", None)  # pynvml turns NVML_VALUE_NOT_AVAILABLE into None
+                gi_id = getattr(proc, "gpuInstanceId", NO_INSTANCE)
+                ci_id = getattr(proc, "computeInstanceId", NO_INSTANCE)
+                records.append(
+                    ProcessRecord(
+                        int(proc.pid),
+                        int(used) // _MIB if used is not None else None,
+                        None if gi_id in (None, NO_INSTANCE) else int(gi_id),
+                        None if ci_id in (None, NO_INSTANCE) else int(ci_id),
+                        kind,
+                    )
                 )
-            )
         return records
 
     def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:

@@ -10,7 +10,12 @@ Faithful where the planner and runner could be fooled:
   GPU instances exist when disabling, else SUCCESS; a GPU reset (or a reboot) applies the pending mode, and wipes
   every GPU/compute instance, as MIG instances do not survive a reset;
 - destroying a compute instance with processes, or a GPU instance that still has compute instances or processes,
-  fails with IN_USE.
+  fails with IN_USE;
+- GPU-instance ids are the driver's: derived from the placement (gpu_instance_id), not handed out in order;
+- every reset of a GPU (nvidia-smi --gpu-reset, a MIG mode change the driver activated by resetting the GPU itself,
+  a reboot) is counted in `reset_count`: device handles taken before it are stale (see docs/nvml-simulator.md);
+- processes are compute or graphics ones (two NVML calls), their memory may be unavailable (null), and a caller
+  without privileges (`privileged: false`) may not change MIG mode or instances (NO_PERMISSION).
 Processes and NVML errors can be injected (state keys `processes`, `faults`); see docs/nvml-simulator.md.
 Every mutating call is saved to the state file before it returns, so a failure mid-apply leaves the state as far as
 it got, like a real GPU.
@@ -36,6 +41,7 @@ from .nvml import (
     NvmlInterface,
     ProcessRecord,
     ProfileInfo,
+    merge_processes,
 )
 from .profile_tables import MEMORY_SLICES, PROFILE_COUNT, ProductTable, ProfileRow, product_table
 
@@ -44,6 +50,8 @@ DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
 DEFAULT_GPUS = 8
 PRODUCT_ENV = "GPUFLEET_NVML_SIM_PRODUCT"
 GPUS_ENV = "GPUFLEET_NVML_SIM_GPUS"
+# nvmlDeviceGetComputeRunningProcesses and nvmlDeviceGetGraphicsRunningProcesses each list one kind.
+PROCESS_TYPES = ("compute", "graphics")
 
 # The NVML function each simulated operation stands for: faults are injected by these names.
 CALLS = {
@@ -62,6 +70,17 @@ CALLS = {
 }
 
 
+def gpu_instance_id(start: int, size: int) -> int:
+    """The GPU-instance id the driver gives an instance placed at start:size (sizes 1, 2, 4 or 8 memory slices).
+
+    The id is the placement's node in the binary tree over the 8 memory slices, numbered breadth first: the whole GPU
+    is 0, the halves at 0/4 are 1/2, the quarters 3..6, the eighths 7..14. So it depends on where an instance sits, not
+    on the order of creation, and an instance re-created at the same place gets the same id. H100 80GB as nvidia-smi
+    shows it: 7 x 1g.10gb at 0..6 are GPU instances 7..13; a 3g.40gb at 4:4 is 2, a 2g.20gb at 0:2 is 3, a 7g.80gb 0.
+    """
+    return MEMORY_SLICES // size - 1 + start // size
+
+
 def new_gpu(index: int, product: str) -> dict[str, Any]:
     table = product_table(product)
     return {
@@ -74,6 +93,7 @@ def new_gpu(index: int, product: str) -> dict[str, Any]:
         "mig_capable": bool(table.profiles),
         "mig_mode": {"current": False, "pending": False},
         "reset_supported": True,
+        "reset_count": 0,
         "gpu_instances": [],
         "processes": [],
     }
@@ -82,7 +102,12 @@ def new_gpu(index: int, product: str) -> dict[str, Any]:
 def new_state(gpus: int | None = None, product: str | None = None) -> dict[str, Any]:
     gpus = gpus if gpus is not None else int(os.environ.get(GPUS_ENV, DEFAULT_GPUS))
     product = product or os.environ.get(PRODUCT_ENV, DEFAULT_PRODUCT)
-    return {"version": STATE_VERSION, "gpus": [new_gpu(i, product) for i in range(gpus)], "faults": []}
+    return {
+        "version": STATE_VERSION,
+        "privileged": True,
+        "gpus": [new_gpu(i, product) for i in range(gpus)],
+        "faults": [],
+    }
 
 
 def load_state(path: str) -> dict[str, Any]:
@@ -176,6 +201,12 @@ class SimulatedNvml(NvmlInterface):
             )
         return row
 
+    def _require_privileges(self, operation: str) -> None:
+        # nvml.h: nvmlDeviceSetMigMode "Requires root user"; creating and destroying instances "Requires privileged
+        # user".
+        if not self.state.get("privileged", True):
+            raise _error(CALLS[operation], "NO_PERMISSION", "the NVML caller is not privileged (root)")
+
     def _require_mig(self, gpu: dict[str, Any], operation: str) -> None:
         if not gpu["mig_mode"]["current"]:
             raise _error(CALLS[operation], "NOT_SUPPORTED", f"MIG mode is not enabled on GPU {gpu['index']}")
@@ -217,6 +248,7 @@ class SimulatedNvml(NvmlInterface):
     def set_mig_mode(self, index: int, enabled: bool) -> int:
         injected = self._maybe_fail("set_mig_mode", index)
         gpu = self._gpu(index, "set_mig_mode")
+        self._require_privileges("set_mig_mode")
         if not self.mig_capable(index):
             raise _error(CALLS["set_mig_mode"], "NOT_SUPPORTED", f"GPU {index} cannot do MIG")
         gpu["mig_mode"]["pending"] = enabled
@@ -225,15 +257,18 @@ class SimulatedNvml(NvmlInterface):
             busy = bool(gpu["processes"]) or (not enabled and bool(gpu["gpu_instances"]))
             status = ERROR_CODES["IN_USE"] if busy else SUCCESS
         if status in (None, SUCCESS):
+            if gpu["mig_mode"]["current"] != enabled:
+                gpu["reset_count"] = gpu.get("reset_count", 0) + 1  # the driver reset the GPU to switch the mode
             gpu["mig_mode"]["current"] = enabled
             status = SUCCESS
         self._save()
         return status
 
     def _apply_reset(self, gpu: dict[str, Any]) -> None:
-        # MIG instances do not survive a reset; the pending mode becomes current.
+        # MIG instances do not survive a reset; the pending mode becomes current; handles taken before are stale.
         gpu["mig_mode"]["current"] = gpu["mig_mode"]["pending"]
         gpu["gpu_instances"] = []
+        gpu["reset_count"] = gpu.get("reset_count", 0) + 1
 
     def reset_gpu(self, index: int) -> None:
         self._maybe_fail("reset_gpu", index)
@@ -296,15 +331,24 @@ class SimulatedNvml(NvmlInterface):
     def running_processes(self, index: int) -> list[ProcessRecord]:
         self._maybe_fail("running_processes", index)
         gpu = self._gpu(index, "running_processes")
-        return [
-            ProcessRecord(p["pid"], p.get("used_memory_mib"), p.get("gpu_instance_id"), p.get("compute_instance_id"))
-            for p in gpu["processes"]
-        ]
+        return merge_processes(
+            [
+                ProcessRecord(
+                    p["pid"],
+                    p.get("used_memory_mib"),
+                    p.get("gpu_instance_id"),
+                    p.get("compute_instance_id"),
+                    p.get("type", "compute"),
+                )
+                for p in gpu["processes"]
+            ]
+        )
 
     def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
         operation = "create_gpu_instance"
         self._maybe_fail(operation, index)
         gpu = self._gpu(index, operation)
+        self._require_privileges(operation)
         self._require_mig(gpu, operation)
         row = self._row_by_id(gpu, profile_id)
         if row is None:
@@ -327,7 +371,7 @@ class SimulatedNvml(NvmlInterface):
             or same_profile >= row.instance_count
         ):
             raise _error(CALLS[operation], "INSUFFICIENT_RESOURCES", f"{row.name} does not fit at {start}:{size}")
-        gi_id = min(set(range(1, MEMORY_SLICES + 7)) - {gi["id"] for gi in existing})
+        gi_id = gpu_instance_id(start, size)
         existing.append({"id": gi_id, "profile_id": profile_id, "start": start, "size": size, "compute_instances": []})
         self._save()
         return gi_id
@@ -336,6 +380,7 @@ class SimulatedNvml(NvmlInterface):
         operation = "create_compute_instance"
         self._maybe_fail(operation, index)
         gpu = self._gpu(index, operation)
+        self._require_privileges(operation)
         gi = self._find_gi(gpu, gi_id, operation)
         row = self._instance_row(gpu, gi)
         if slice_count != row.slice_count or gi["compute_instances"]:
@@ -348,6 +393,7 @@ class SimulatedNvml(NvmlInterface):
         operation = "destroy_compute_instance"
         self._maybe_fail(operation, index)
         gpu = self._gpu(index, operation)
+        self._require_privileges(operation)
         gi = self._find_gi(gpu, gi_id, operation)
         ci = next((c for c in gi["compute_instances"] if c["id"] == ci_id), None)
         if ci is None:
@@ -366,6 +412,7 @@ class SimulatedNvml(NvmlInterface):
         operation = "destroy_gpu_instance"
         self._maybe_fail(operation, index)
         gpu = self._gpu(index, operation)
+        self._require_privileges(operation)
         gi = self._find_gi(gpu, gi_id, operation)
         pids = [p["pid"] for p in gpu["processes"] if p.get("gpu_instance_id") == gi_id]
         if gi["compute_instances"] or pids:
@@ -378,8 +425,18 @@ class SimulatedNvml(NvmlInterface):
 
     # -- test/lab helpers (not part of NvmlInterface) -------------------------------------------------------------
     def add_process(
-        self, index: int, pid: int, gi_id: int | None = None, ci_id: int | None = 0, used_mib: int = 1024
+        self,
+        index: int,
+        pid: int,
+        gi_id: int | None = None,
+        ci_id: int | None = 0,
+        used_mib: int | None = 1024,
+        kind: str = "compute",
     ) -> None:
+        """A process on GPU `index` (in GPU instance `gi_id`, or on the whole GPU); `kind` compute or graphics;
+        `used_mib` None: NVML reports its memory as not available."""
+        if kind not in PROCESS_TYPES:
+            raise ValueError(f"unknown process type {kind!r}; known: {', '.join(PROCESS_TYPES)}")
         gpu = self._gpu(index, "running_processes")
         if gi_id is not None:
             self._find_gi(gpu, gi_id, "running_processes")
@@ -389,6 +446,7 @@ class SimulatedNvml(NvmlInterface):
                 "used_memory_mib": used_mib,
                 "gpu_instance_id": gi_id,
                 "compute_instance_id": ci_id if gi_id is not None else None,
+                "type": kind,
             }
         )
         self._save()
@@ -420,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     proc.add_argument("--gpu", type=int, required=True)
     proc.add_argument("--pid", type=int, required=True)
     proc.add_argument("--gi", type=int, help="GPU instance id (omit for a whole-GPU process)")
+    proc.add_argument("--type", choices=PROCESS_TYPES, default="compute", help="compute (default) or graphics")
     fault = sub.add_parser("fault", help="make an NVML call fail")
     fault.add_argument("--call", required=True)
     fault.add_argument("--error", required=True)
@@ -432,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "reboot":
             sim.reboot()
         elif args.command == "add-process":
-            sim.add_process(args.gpu, args.pid, args.gi)
+            sim.add_process(args.gpu, args.pid, args.gi, kind=args.type)
         elif args.command == "fault":
             sim.add_fault(args.call, args.error, args.gpu, args.skip, args.times)
         else:

@@ -83,7 +83,10 @@ gpus:
       type: dict
       sample: {"current": true, "pending": true}
     gpu_instances:
-      description: GPU instances by placement start (empty when MIG is disabled).
+      description:
+        - GPU instances by placement start (empty when MIG is disabled).
+        - C(gpu_instance_id) is the driver's, derived from the placement (C(0) for a whole-GPU instance), not from
+          the order of creation.
       type: list
       elements: dict
       sample:
@@ -99,10 +102,15 @@ gpus:
               mig_device_uuid: MIG-0d3c1c1e-4c38-5a0f-9b7a-2c7c5f0f3e21
           processes: [4242]
     processes:
-      description: Compute processes on the GPU; C(gpu_instance_id) is null outside MIG instances.
+      description:
+        - Compute and graphics processes on the GPU; C(gpu_instance_id) is null outside MIG instances.
+        - C(type) is C(compute), C(graphics) or C(compute+graphics); C(used_memory_mib) is null where NVML does not
+          report it.
+        - PIDs are the host's: NVML does not translate them into a container's PID namespace.
       type: list
       elements: dict
-      sample: [{"pid": 4242, "used_memory_mib": 2048, "gpu_instance_id": 1, "compute_instance_id": 0}]
+      sample:
+        - {"pid": 4242, "used_memory_mib": 2048, "gpu_instance_id": 1, "compute_instance_id": 0, "type": "compute"}
     mig_profiles:
       description: The GPU-instance profiles NVML reports for this GPU, with their possible placements.
       type: list

@@ -353,7 +353,11 @@ def test_every_json_example_loads(block, tmp_path):
         trace.write_text(block.text + "\n")
         assert load_trace(trace).pods
     else:  # an NVML simulator state
-        assert set(data) == {"version", "gpus", "faults"} and data["version"] == 1
+        from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import new_gpu, new_state
+
+        # The documented keys are the ones the simulator writes.
+        assert set(data) == set(new_state(gpus=1)) and data["version"] == 1
+        assert set(data["gpus"][0]) == set(new_gpu(0, "NVIDIA H100 80GB HBM3"))
 
 
 @pytest.mark.parametrize("block", [b for b in ALL if b.tag == "ini"], ids=str)

@@ -3,8 +3,9 @@
 NVML has no public reset, so PynvmlBackend.reset_gpu runs `nvidia-smi --gpu-reset -i N` and reads its exit code and
 text. The stand-in records its arguments and prints what nvidia-smi prints in each case, with nvidia-smi's
 documented return codes (0 success, 3 operation not available on the device, 4 insufficient permissions,
-255 other error, which covers a GPU still held by processes). The runner treats IN_USE and NOT_SUPPORTED as
-"reset not possible here, reboot instead" and anything else as a failure (test_runner.py), so the mapping matters.
+15 GPU lost, 255 other error, which covers a GPU still held by processes or NVML clients). The runner treats IN_USE
+and NOT_SUPPORTED as "reset not possible here, reboot instead" and anything else as a failure (test_runner.py), so
+the mapping matters. The wrapper's own NVML session is such a client, so it is released across the reset.
 """
 
 from __future__ import annotations
@@ -28,17 +29,29 @@ ANSWERS = {
         "all processes using this device and all compute applications running in the system.\n",
     ),
     "not-supported": (3, f"GPU {BUS}: Resetting GPU is not supported on this device.\n"),
+    # What `nvidia-smi -r` prints for GPUs with NVLink active: the same list as for a busy GPU, another reason.
+    "not-supported-listed": (255, f"The following GPUs could not be reset:\n  GPU {BUS}: Not Supported\n"),
     "no-permission": (4, "Unable to reset GPU: Insufficient Permissions\n"),
+    "gpu-lost": (15, f"Unable to determine the device handle for GPU {BUS}: GPU is lost.\n"),
+    "other": (255, f"GPU {BUS}: Unknown Error\n"),
 }
 
 
 class FakeLib(types.SimpleNamespace):
-    """Just enough pynvml for the constructor: reset never goes through NVML."""
+    """Just enough pynvml for a reset: the NVML session, whose start and end go into the stand-in's log."""
 
     NVMLError = RuntimeError
 
+    def __init__(self, log):
+        super().__init__(log=log)
+
     def nvmlInit(self):
-        self.initialised = True
+        with open(self.log, "a") as handle:
+            handle.write("nvmlInit\n")
+
+    def nvmlShutdown(self):
+        with open(self.log, "a") as handle:
+            handle.write("nvmlShutdown\n")
 
 
 @pytest.fixture
@@ -60,20 +73,29 @@ def nvidia_smi(tmp_path, monkeypatch):
 def test_reset_runs_nvidia_smi_for_that_gpu_only(nvidia_smi):
     answer, log = nvidia_smi
     answer("success")
-    PynvmlBackend(FakeLib()).reset_gpu(3)
-    assert log.read_text().splitlines() == ["--gpu-reset -i 3"]
+    PynvmlBackend(FakeLib(log)).reset_gpu(3)
+    # NVML is released while nvidia-smi resets the GPU (its session would hold the GPU), then opened again.
+    assert log.read_text().splitlines() == ["nvmlInit", "nvmlShutdown", "--gpu-reset -i 3", "nvmlInit"]
 
 
 @pytest.mark.parametrize(
     ("case", "code_name"),
-    [("in-use", "IN_USE"), ("not-supported", "NOT_SUPPORTED"), ("no-permission", "UNKNOWN")],
+    [
+        ("in-use", "IN_USE"),
+        ("not-supported", "NOT_SUPPORTED"),
+        ("not-supported-listed", "NOT_SUPPORTED"),
+        ("no-permission", "NO_PERMISSION"),
+        ("gpu-lost", "GPU_IS_LOST"),
+        ("other", "UNKNOWN"),
+    ],
 )
 def test_reset_failures_carry_nvidia_smis_words_and_a_code_the_runner_acts_on(nvidia_smi, case, code_name):
     answer, log = nvidia_smi
     answer(case)
     with pytest.raises(NvmlError) as raised:
-        PynvmlBackend(FakeLib()).reset_gpu(0)
+        PynvmlBackend(FakeLib(log)).reset_gpu(0)
     assert raised.value.code_name == code_name
     # The whole answer, on one line, goes into the error the user reads.
     assert ANSWERS[case][1].strip().replace("\n", " ") in str(raised.value)
-    assert log.read_text().splitlines() == ["--gpu-reset -i 0"]
+    # A failed reset leaves NVML open again for the rest of the run.
+    assert log.read_text().splitlines() == ["nvmlInit", "nvmlShutdown", "--gpu-reset -i 0", "nvmlInit"]

@@ -55,7 +55,7 @@ def test_profile_enum_and_profile_id_are_different_spaces(tmp_path):
     with pytest.raises(NvmlError, match="INVALID_ARGUMENT"):
         nvml.create_gpu_instance(0, profiles["1g.10gb"].enum, 0, 1)
     gi = nvml.create_gpu_instance(0, profiles["1g.10gb"].id, 0, 1)
-    assert [r.profile_id for r in nvml.gpu_instances(0, [19])] == [19] and gi == 1
+    assert [r.profile_id for r in nvml.gpu_instances(0, [19])] == [19] and gi == 7  # the driver's id for 0:1
 
 
 def test_creation_respects_memory_compute_and_maximum(tmp_path):
@@ -114,7 +114,7 @@ def test_injected_fault_fires_at_the_chosen_call_once_and_is_persisted(tmp_path)
     with pytest.raises(NvmlError, match=r"nvmlDeviceCreateGpuInstanceWithPlacement failed: .*INSUFFICIENT_RESOURCES"):
         nvml.create_gpu_instance(0, 19, 1, 1)
     assert json.loads(Path(nvml.path).read_text())["faults"] == []
-    assert nvml.create_gpu_instance(0, 19, 1, 1) == 2
+    assert nvml.create_gpu_instance(0, 19, 1, 1) == 8
 
 
 def test_activation_status_fault_is_returned_not_raised(tmp_path):
@@ -134,3 +134,67 @@ def test_activation_status_fault_is_returned_not_raised(tmp_path):
 def test_cli_rejects_unknown_faults(tmp_path, capsys, argv, message):
     assert main(["--state", str(tmp_path / "s.json"), *argv]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_gpu_instance_ids_are_the_drivers_placement_ids(tmp_path):
+    # H100 80GB as nvidia-smi mig -lgi shows it: 7 x 1g.10gb at 0..6 are GPU instances 7..13, whatever the order of
+    # creation; destroyed and re-created at the same place, an instance gets its id back (not the lowest free one).
+    nvml = new_sim(tmp_path)
+    nvml.set_mig_mode(0, True)
+    created = {start: nvml.create_gpu_instance(0, 19, start, 1) for start in (6, 4, 5, 0, 1, 2, 3)}
+    assert created == {start: 7 + start for start in range(7)}
+    nvml.destroy_gpu_instance(0, 9)
+    nvml.destroy_gpu_instance(0, 7)
+    assert nvml.create_gpu_instance(0, 19, 2, 1) == 9
+    for gi in [r.gi_id for r in nvml.gpu_instances(0, [19])]:
+        nvml.destroy_gpu_instance(0, gi)
+    # Halves 1/2, quarters 3..6 (2g.20gb and 1g.20gb alike), the whole GPU 0.
+    assert [nvml.create_gpu_instance(0, 9, 4, 4), nvml.create_gpu_instance(0, 14, 0, 2)] == [2, 3]
+    assert nvml.create_gpu_instance(0, 15, 2, 2) == 4
+    for gi in (2, 3, 4):
+        nvml.destroy_gpu_instance(0, gi)
+    assert nvml.create_gpu_instance(0, 5, 0, 4) == 1
+    nvml.destroy_gpu_instance(0, 1)
+    assert nvml.create_gpu_instance(0, 0, 0, 8) == 0
+
+
+def test_resets_are_counted_so_older_device_handles_are_stale(tmp_path):
+    nvml = new_sim(tmp_path)
+    assert nvml.state["gpus"][0]["reset_count"] == 0
+    assert nvml.set_mig_mode(0, True) == SUCCESS  # the driver reset the GPU to switch the mode
+    assert nvml.state["gpus"][0]["reset_count"] == 1
+    nvml.set_mig_mode(0, True)  # nothing to switch: no reset
+    assert nvml.state["gpus"][0]["reset_count"] == 1
+    nvml.add_fault("nvmlDeviceSetMigMode", "IN_USE", gpu=1, as_status=True)
+    assert nvml.set_mig_mode(1, True) == ERROR_CODES["IN_USE"]  # pending: not reset yet
+    assert nvml.state["gpus"][1]["reset_count"] == 0
+    nvml.reset_gpu(1)
+    assert nvml.state["gpus"][1]["reset_count"] == 1 and nvml.mig_mode(1) == (True, True)
+    nvml.reboot()
+    assert [g["reset_count"] for g in nvml.state["gpus"]] == [2, 2]
+
+
+def test_an_unprivileged_caller_may_read_but_not_change(tmp_path):
+    nvml = new_sim(tmp_path)
+    nvml.set_mig_mode(0, True)
+    gi = nvml.create_gpu_instance(0, 9, 0, 4)
+    nvml.state["privileged"] = False
+    with pytest.raises(NvmlError, match="nvmlDeviceSetMigMode failed: NVML_ERROR_NO_PERMISSION"):
+        nvml.set_mig_mode(1, True)
+    with pytest.raises(NvmlError, match="NO_PERMISSION"):
+        nvml.create_gpu_instance(0, 9, 4, 4)
+    with pytest.raises(NvmlError, match="NO_PERMISSION"):
+        nvml.destroy_gpu_instance(0, gi)
+    assert [r.gi_id for r in nvml.gpu_instances(0, [9])] == [gi]
+
+
+def test_processes_carry_their_kind_and_may_hide_their_memory(tmp_path):
+    nvml = new_sim(tmp_path)
+    nvml.add_process(0, pid=1, used_mib=None, kind="graphics")
+    assert main(["--state", nvml.path, "add-process", "--gpu", "0", "--pid", "2", "--type", "graphics"]) == 0
+    assert [(p.pid, p.used_memory_mib, p.kind) for p in SimulatedNvml(nvml.path).running_processes(0)] == [
+        (1, None, "graphics"),
+        (2, 1024, "graphics"),
+    ]
+    with pytest.raises(ValueError, match="unknown process type"):
+        nvml.add_process(0, pid=3, kind="video")

@@ -317,7 +317,7 @@ def test_every_busy_gpu_is_named(sim):
     mig(sim, IMAGEGEN)
     nvml = SimulatedNvml(sim.path)
     nvml.add_process(0, pid=101, gi_id=1)
-    nvml.add_process(1, pid=202, gi_id=1)
+    nvml.add_process(1, pid=202, gi_id=3)  # 2g.20gb at 0:2 is GPU instance 3
     state = Path(sim.path).read_text()
     result = mig(sim, layout({"7g.80gb": 1}))
     assert result["failed"] and "PIDs 101" in result["msg"] and "PIDs 202" in result["msg"]
@@ -329,13 +329,13 @@ def test_forced_apply_that_fails_names_every_busy_gpu(sim):
     mig(sim, IMAGEGEN)
     nvml = SimulatedNvml(sim.path)
     nvml.add_process(0, pid=101, gi_id=1)
-    nvml.add_process(1, pid=202, gi_id=1)
+    nvml.add_process(1, pid=202, gi_id=3)  # 2g.20gb at 0:2 is GPU instance 3
     # force skips the pre-check; NVML itself refuses to destroy GPU 0's busy instance (IN_USE) and stops the apply.
     result = run_module(nvidia_mig, {"config": layout({"7g.80gb": 1}), "nvml_sim_state": sim.path, "force": True})
     assert result["failed"] and "NVML_ERROR_IN_USE" in result["msg"]
     assert "GPUs not attempted: 1" in result["msg"]
     assert "processes in the way (force): GPU 0: instance 3g.40gb at slice 0" in result["msg"]
-    assert "GPU 1: instance 2g.20gb at slice 0 (GPU instance 1" in result["msg"] and "PIDs 202" in result["msg"]
+    assert "GPU 1: instance 2g.20gb at slice 0 (GPU instance 3" in result["msg"] and "PIDs 202" in result["msg"]
 
 
 def test_gpu_info_reports_what_device_filters_match(sim):
