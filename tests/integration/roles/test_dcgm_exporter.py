@@ -106,6 +106,23 @@ def test_a_counter_list_without_the_profiling_field_is_refused(tmp_path):
     assert not (manifests / "dcgm_exporter").exists()
 
 
+def test_an_image_digest_pins_the_exporter_and_a_bad_one_is_refused(tmp_path):
+    tag = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
+    digest = "sha256:" + "fedcba9876543210" * 4
+    for run, value, image in (("tag", None, tag), ("pinned", digest, f"{tag}@{digest}")):
+        manifests = render_roles(["dcgm_exporter"], tmp_path / run, extra_vars={"dcgm_exporter_image_digest": value})
+        daemonset = objects_of(load_manifests(manifests))[("DaemonSet", "dcgm-exporter")]
+        assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == image
+
+    for bad in ("sha256:" + "FEDCBA9876543210" * 4, "md5:" + "ab" * 16, digest + "0"):
+        extra = {"dcgm_exporter_image_digest": bad}
+        result, manifests = try_render(["dcgm_exporter"], tmp_path / "bad", extra_vars=extra)
+        assert result.returncode != 0
+        output = " ".join(result.stdout.split())
+        assert "dcgm_exporter_image_digest must be sha256:<64 lower-case hex> or null" in output
+        assert not (manifests / "dcgm_exporter").exists()
+
+
 def test_apply_mode_reaches_for_the_api_with_valid_arguments(tmp_path):
     """Check mode against a closed 127.0.0.1 port: the apply task gets past argument validation and fails connecting."""
     kubeconfig = closed_port_kubeconfig(tmp_path)

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
-from conftest import REPO, load_manifests, render_roles, run_playbook, validate_manifests
+from conftest import REPO, load_manifests, render_roles, run_playbook, try_render, validate_manifests
 from support import run_refresh
 
 GPU_NODE_SELECTOR = {"gpufleet.io/gpu-node": "true"}
@@ -71,6 +71,33 @@ def test_gfd_can_be_left_out_and_strategy_changed(tmp_path):
     assert ("DaemonSet", "gpu-feature-discovery") not in objects
     config = yaml.safe_load(objects[("ConfigMap", "nvidia-device-plugin-config")]["data"]["config.yaml"])
     assert config["flags"]["migStrategy"] == "single"
+
+
+def test_an_image_digest_pins_both_agents_and_a_bad_one_is_refused(tmp_path):
+    images = {}
+    for run, digest in (("tag", None), ("pinned", "sha256:" + "0123456789abcdef" * 4)):
+        manifests = render_roles(
+            ["gpufleet.mig.gpu_device_plugin"], tmp_path / run, extra_vars={"gpu_device_plugin_image_digest": digest}
+        )
+        objects = by_kind_name(load_manifests(manifests))
+        images[run] = {
+            name: objects[("DaemonSet", name)]["spec"]["template"]["spec"]["containers"][0]["image"]
+            for name in ("nvidia-device-plugin", "gpu-feature-discovery")
+        }
+    tag = "nvcr.io/nvidia/k8s-device-plugin:v0.17.1"
+    assert images["tag"] == {"nvidia-device-plugin": tag, "gpu-feature-discovery": tag}
+    pinned = f"{tag}@sha256:{'0123456789abcdef' * 4}"
+    assert images["pinned"] == {"nvidia-device-plugin": pinned, "gpu-feature-discovery": pinned}
+
+    for bad in ("sha256:" + "0123456789ABCDEF" * 4, "0123456789abcdef" * 4, "sha256:abc"):
+        result, manifests = try_render(
+            ["gpufleet.mig.gpu_device_plugin"], tmp_path / "bad", extra_vars={"gpu_device_plugin_image_digest": bad}
+        )
+        assert result.returncode != 0
+        assert "gpu_device_plugin_image_digest must be sha256:<64 lower-case hex> or null" in " ".join(
+            result.stdout.split()
+        )
+        assert not (manifests / "gpu_device_plugin").exists()
 
 
 # --- the allocatable comparison (vars/main.yml) -------------------------------------------------------------

@@ -3,9 +3,16 @@
 
 from __future__ import annotations
 
+import base64
+import datetime
 import hashlib
 import json
+import re
+import socket
+import ssl
+import stat
 import sys
+import threading
 
 import pytest
 import yaml
@@ -18,6 +25,7 @@ from conftest import (
     validate_manifests,
     write_inventory,
 )
+from cryptography import x509
 
 SELECTOR = {"app.kubernetes.io/name": "gpufleet-extender", "app.kubernetes.io/component": "scheduler-extender"}
 
@@ -62,14 +70,14 @@ def tls_objects(tmp_path, inventory: str, extra_vars=None) -> dict[tuple[str, st
     return {(doc["kind"], doc["metadata"]["name"]): doc for doc in docs}
 
 
-def run_extender(tmp_path, inventory: str, extra_vars: dict, check_mode: bool = False):
+def run_extender(tmp_path, inventory: str, extra_vars: dict, check_mode: bool = False, args: tuple[str, ...] = ()):
     playbook = tmp_path / "extender.yml"
     play = {"name": "Extender", "hosts": "localhost", "gather_facts": False, "roles": ["gpu_extender"]}
     if check_mode:
         play["check_mode"] = True
     playbook.write_text(yaml.safe_dump([play]))
     base = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    return run_playbook(str(playbook), inventory, {**base, **extra_vars}, tmp_path)
+    return run_playbook(str(playbook), inventory, {**base, **extra_vars}, tmp_path, args)
 
 
 @pytest.fixture(scope="module")
@@ -347,6 +355,188 @@ def test_tls_serves_from_the_secret_cert_manager_issues(lab, tmp_path):
     assert container["image"] == f"gpufleet-extender:0.1.0@{digest}"  # pinned: the tag stays readable
 
 
+# --- self-signed: a CA the role makes on the controller ----------------------------------------------------------
+
+SECRET_FILE = "gpu_extender/tls-secret.yaml"
+SERVER_NAME = "gpufleet-extender.gpufleet-system.svc"
+
+
+def render_self_signed(tmp_path, pki, manifests, extra=None, check_mode=False):
+    """The role in render mode with gpu_extender_tls_source self-signed, the PKI in `pki`, manifests in
+    `manifests` (shared between runs, so a second run can find nothing to change), in check mode as a user asks
+    for it (`--check`). Returns the run."""
+    settings = {
+        "gpufleet_k8s_mode": "render",
+        "gpufleet_manifests_dir": str(manifests),
+        "gpu_extender_tls_source": "self-signed",
+        "gpu_extender_tls_pki_dir": str(pki),
+        **(extra or {}),
+    }
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    result = run_extender(tmp_path, "inventories/lab", settings, args=("--check",) if check_mode else ())
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    return result
+
+
+def changed_count(result) -> int:
+    return int(re.search(r"^localhost\s+:.*\bchanged=(\d+)", result.stdout, re.MULTILINE).group(1))
+
+
+def rendered_secret(manifests) -> dict[str, bytes]:
+    """The rendered TLS Secret's keys, decoded; checks its kind, type and the file's mode."""
+    path = manifests / SECRET_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # it holds tls.key
+    (secret,) = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert (secret["kind"], secret["type"]) == ("Secret", "kubernetes.io/tls")
+    assert secret["metadata"]["annotations"] == {"gpufleet.io/tls-source": "self-signed"}
+    return {key: base64.b64decode(value) for key, value in secret["data"].items()}
+
+
+def handshake(secret: dict[str, bytes], tmp_path, server_name: str) -> str:
+    """Serve TLS on 127.0.0.1 with the Secret's certificate and key, connect verifying against its ca.crt for
+    `server_name`; return the certificate's common name as the client saw it. Raises ssl.SSLError on a refusal."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for key in ("tls.crt", "tls.key", "ca.crt"):
+        (tmp_path / key).write_bytes(secret[key])
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    client_context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def accept_one():
+            connection, _ = listener.accept()
+            try:
+                with server_context.wrap_socket(connection, server_side=True):
+                    pass
+            except (ssl.SSLError, OSError):
+                pass
+
+        server = threading.Thread(target=accept_one)
+        server.start()
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+                client_context.wrap_socket(raw, server_hostname=server_name) as tls,
+            ):
+                subject = dict(item[0] for item in tls.getpeercert()["subject"])
+        finally:
+            server.join(10)
+    return subject["commonName"]
+
+
+def test_self_signed_ca_signs_a_certificate_a_client_verifies_for_the_service_name(tmp_path):
+    pki, manifests = tmp_path / "pki", tmp_path / "manifests"
+    render_self_signed(tmp_path / "run", pki, manifests)
+
+    # The CA's key stays on the controller, owner-only; the Secret has the serving pair and the CA certificate.
+    assert stat.S_IMODE(pki.stat().st_mode) == 0o700
+    assert {path.name: stat.S_IMODE(path.stat().st_mode) for path in pki.iterdir()} == {
+        "ca.key": 0o600,
+        "ca.crt": 0o644,
+        "tls.key": 0o600,
+        "tls.crt": 0o644,
+    }
+    secret = rendered_secret(manifests)
+    assert set(secret) == {"tls.crt", "tls.key", "ca.crt"}
+    assert secret["tls.crt"] == (pki / "tls.crt").read_bytes() and secret["ca.crt"] == (pki / "ca.crt").read_bytes()
+    assert (pki / "ca.key").read_bytes() not in secret.values()
+
+    ca = x509.load_pem_x509_certificate(secret["ca.crt"])
+    serving = x509.load_pem_x509_certificate(secret["tls.crt"])
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    assert serving.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    serving.verify_directly_issued_by(ca)
+    names = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [SERVER_NAME, SERVER_NAME + ".cluster.local"]
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["10.96.0.50"]  # the lab's ClusterIP
+    usages = serving.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usages) == [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]
+    lifetime = serving.not_valid_after_utc - serving.not_valid_before_utc
+    assert abs(lifetime - datetime.timedelta(hours=2160)) < datetime.timedelta(minutes=5)
+    assert ca.not_valid_after_utc - ca.not_valid_before_utc > datetime.timedelta(days=3640)
+
+    # A TLS client holding only ca.crt accepts the certificate for the Service's name, and for no other name.
+    assert handshake(secret, tmp_path / "ok", SERVER_NAME) == SERVER_NAME
+    with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
+        handshake(secret, tmp_path / "other", "gpufleet-extender.default.svc")
+
+    # The pods roll when the certificate changes; no cert-manager objects are rendered.
+    rendered = objects(load_manifests(manifests))
+    annotations = rendered["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["gpufleet.io/tls-certificate-hash"] == hashlib.sha256(secret["tls.crt"]).hexdigest()
+    assert not (manifests / TLS_FILE).exists()
+
+
+def test_self_signed_second_run_changes_nothing_and_renews_only_within_the_window(tmp_path):
+    pki, manifests = tmp_path / "pki", tmp_path / "manifests"
+    render_self_signed(tmp_path / "first", pki, manifests)
+    first = {name: (pki / name).read_bytes() for name in ("ca.key", "ca.crt", "tls.key", "tls.crt")}
+
+    second = render_self_signed(tmp_path / "second", pki, manifests)
+    assert changed_count(second) == 0, second.stdout[-4000:]
+    assert {name: (pki / name).read_bytes() for name in first} == first  # nothing re-issued
+
+    # Renewal window wider than what is left (2160h): re-issued by the same CA with the same key.
+    renewed_run = render_self_signed(tmp_path / "renew", pki, manifests, {"gpu_extender_tls_renew_before": "2200h"})
+    assert changed_count(renewed_run) > 0
+    renewed = x509.load_pem_x509_certificate((pki / "tls.crt").read_bytes())
+    assert renewed.serial_number != x509.load_pem_x509_certificate(first["tls.crt"]).serial_number
+    assert (pki / "ca.crt").read_bytes() == first["ca.crt"] and (pki / "tls.key").read_bytes() == first["tls.key"]
+    renewed.verify_directly_issued_by(x509.load_pem_x509_certificate(first["ca.crt"]))
+    assert rendered_secret(manifests)["tls.crt"] == (pki / "tls.crt").read_bytes()
+
+    # Back to the default window: the renewed certificate is kept.
+    kept = render_self_signed(tmp_path / "kept", pki, manifests)
+    assert changed_count(kept) == 0
+    assert x509.load_pem_x509_certificate((pki / "tls.crt").read_bytes()).serial_number == renewed.serial_number
+
+    # A name added to the certificate re-issues it at once.
+    names = [SERVER_NAME, "gpufleet-extender.example.internal"]
+    render_self_signed(tmp_path / "names", pki, manifests, {"gpu_extender_tls_dns_names": names})
+    serving = x509.load_pem_x509_certificate((pki / "tls.crt").read_bytes())
+    alt = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert alt.get_values_for_type(x509.DNSName) == names
+    assert (pki / "ca.crt").read_bytes() == first["ca.crt"]
+
+
+def test_self_signed_check_mode_makes_nothing_and_another_source_drops_the_file(tmp_path):
+    pki, manifests = tmp_path / "pki", tmp_path / "manifests"
+    check = render_self_signed(tmp_path / "check", pki, manifests, check_mode=True)
+    assert "check mode - the CA and the serving certificate would be made in" in " ".join(check.stdout.split())
+    assert not pki.exists() and not (manifests / SECRET_FILE).exists()
+
+    render_self_signed(tmp_path / "made", pki, manifests)
+    assert (manifests / SECRET_FILE).exists()
+    # In check mode with the PKI in place: it is read, and nothing changes.
+    again = render_self_signed(tmp_path / "check-again", pki, manifests, check_mode=True)
+    assert changed_count(again) == 0
+
+    render_self_signed(tmp_path / "cm", pki, manifests, {"gpu_extender_tls_source": "cert-manager"})
+    assert not (manifests / SECRET_FILE).exists()  # the key leaves the manifests with the source
+    assert (manifests / TLS_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "shown"),
+    [
+        # the role's argument spec, before any task
+        ({"gpu_extender_tls_source": "vault"}, "must be one of: auto, cert-manager, self-signed, secret, got: vault"),
+        ({"gpu_extender_tls_renew_before": "30d"}, "such as 2160h or 1h30m (got 2160h, 30d, 87600h)"),
+        ({"gpu_extender_tls_duration": "h"}, "such as 2160h or 1h30m (got h, 720h, 87600h)"),
+        ({"gpu_extender_tls_dns_names": []}, "gpu_extender_tls_dns_names at least one name"),
+    ],
+)
+def test_bad_tls_settings_fail_with_a_clear_message(tmp_path, extra, shown):
+    settings = {"gpufleet_k8s_mode": "render", "gpufleet_manifests_dir": str(tmp_path / "manifests"), **extra}
+    result = run_extender(tmp_path, "inventories/lab", settings)
+    output = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    assert shown in output
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not (tmp_path / "manifests").exists()
+
+
 # --- apply mode -------------------------------------------------------------------------------------------------
 
 
@@ -356,6 +546,7 @@ def test_apply_mode_reaches_the_api_server(tmp_path):
     extra = {
         "gpufleet_k8s_mode": "apply",
         "gpufleet_kubeconfig": closed_port_kubeconfig(tmp_path),
+        "gpu_extender_tls_source": "secret",  # auto needs the API's answer first: the next test
     }
     result = run_extender(tmp_path, inventory, extra, check_mode=True)
     output = result.stdout + result.stderr
@@ -367,6 +558,21 @@ def test_apply_mode_reaches_the_api_server(tmp_path):
     assert "Connection refused" in output or "Max retries exceeded" in output
     for argument_error in ("Unsupported parameters", "missing required arguments", "is not a valid", "argument spec"):
         assert argument_error not in output
+
+
+def test_auto_tls_without_an_answer_from_the_api_makes_no_ca_and_says_why(tmp_path):
+    inventory = control_plane_inventory(tmp_path, {"cp-1": "10.20.0.11"})
+    extra = {
+        "gpufleet_k8s_mode": "apply",
+        "gpufleet_kubeconfig": closed_port_kubeconfig(tmp_path),
+        "gpu_extender_tls_pki_dir": str(tmp_path / "pki"),
+    }
+    result = run_extender(tmp_path, inventory, extra)
+    output = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    assert "gpu_extender_tls_source is auto but the cluster did not say whether cert-manager is installed" in output
+    assert "choose: gpu_extender_tls_source cert-manager, self-signed or secret" in output
+    assert not (tmp_path / "pki").exists()
 
 
 def test_scoring_strategy_reaches_the_extender_settings(tmp_path):
