@@ -35,12 +35,12 @@ def objects(documents: dict[str, list[dict]]) -> dict[str, dict]:
     return found
 
 
-def control_plane_inventory(tmp_path, control_plane: dict[str, str | None]) -> str:
+def control_plane_inventory(tmp_path, control_plane: dict[str, str | None], all_vars=None) -> str:
     """A control plane only: host -> ansible_host (None for none)."""
     hosts = {name: ({"ansible_host": address} if address else None) for name, address in control_plane.items()}
     inventory = {
         "all": {
-            "vars": {"gpufleet_namespace": "gpufleet-system"},
+            "vars": {"gpufleet_namespace": "gpufleet-system", **(all_vars or {})},
             "children": {"control_plane": {"hosts": hosts}},
         }
     }
@@ -205,10 +205,13 @@ def config_hash(rendered: dict[str, dict]) -> str:
 
 @pytest.fixture(scope="module")
 def small_inventory(tmp_path_factory) -> str:
-    """Four control-plane hosts: an IPv4 address, an IPv6 address, a host name and no address at all."""
+    """Four control-plane hosts: an IPv4 address, an IPv6 address, a host name and no address at all; the lab's
+    tenant pools (their sharing is one of the extender's settings)."""
+    tenants = yaml.safe_load((REPO / "inventories/hongkong/group_vars/all/fleet.yml").read_text())["gpufleet_tenants"]
     return control_plane_inventory(
         tmp_path_factory.mktemp("extender-inventory"),
         {"cp-1": "10.20.0.11", "cp-2": "fd00:10::12", "cp-3": "cp-3.example.org", "cp-4": None},
+        {"gpufleet_tenants": tenants},
     )
 
 
