@@ -122,10 +122,15 @@ def run_refresh(
     layouts: dict[str, list],
     retries: int = 3,
     delay: int = 1,
+    tenants: dict[str, str] | None = None,
+    extra_vars: dict | None = None,
 ) -> subprocess.CompletedProcess:
     """The gpu_device_plugin role's after-repartition refresh in apply mode, for hand-made GPU hosts (one GPU each):
-    `changed` says whose layout changed, `layouts` gives each host's mig_partition_config."""
+    `changed` says whose layout changed, `layouts` gives each host's mig_partition_config, `tenants` a host's
+    gpufleet_tenant (its pool's sharing then counts, given in extra_vars' gpufleet_tenants)."""
     hosts = {h: {"mig_partition_config": layouts[h], "mig_partition_layout_changed": c} for h, c in changed.items()}
+    for host, tenant in (tenants or {}).items():
+        hosts[host]["gpufleet_tenant"] = tenant
     inventory = {
         "all": {
             "vars": {
@@ -141,5 +146,6 @@ def run_refresh(
         "gpufleet_kubeconfig": str(kubeconfig),
         "gpu_device_plugin_allocatable_retries": retries,
         "gpu_device_plugin_allocatable_delay": delay,
+        **(extra_vars or {}),
     }
     return run_role(tmp_path, "gpu_device_plugin", inventory, extra, tasks_from="refresh.yml")

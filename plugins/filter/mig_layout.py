@@ -40,10 +40,13 @@ def mig_node_instances(config, gpu_count, product=None) -> dict:
     return {name: counts[name] for name in sorted(counts)}
 
 
-def mig_node_resources(config, gpu_count, product=None) -> dict:
-    """Extended resources the node exposes under the device plugin's mixed strategy."""
+def mig_node_resources(config, gpu_count, product=None, replicas=None) -> dict:
+    """Extended resources the node exposes under the device plugin's mixed strategy; a resource the plugin
+    time-slices (`replicas`, resource -> replicas per device) is advertised devices x replicas times."""
     counts = _instance_counts(config, gpu_count, product)
-    return {("nvidia.com/gpu" if name == "gpu" else f"nvidia.com/mig-{name}"): counts[name] for name in sorted(counts)}
+    resources = {("nvidia.com/gpu" if name == "gpu" else f"nvidia.com/mig-{name}"): counts[name] for name in counts}
+    shared = replicas or {}
+    return {name: count * int(shared.get(name, 1)) for name, count in sorted(resources.items())}
 
 
 def mig_profile_slices(profile) -> int:

@@ -4,10 +4,16 @@ Computed once from the inventory and used by every template of the tenants role,
 Quota rule (docs/tenants.md): per tenant and resource, explicit values from tenants_quota_overrides are taken as
 they are; what is left of the pool's capacity goes to the tenant's other namespaces, split evenly (the remainder
 one by one to the first namespaces in listed order) or, with tenants_quota_split=full, all of it to each of them.
+A pool's capacity counts what the device plugin advertises: a time-sliced resource (the pool's `sharing`) is
+devices x replicas.
+
+Also gpufleet.mig.tenants_sharing: the pools' time-slicing alone (named device plugin configs, the node label
+value per tenant, the extender's SHARED_RESOURCES), for the gpu_device_plugin and gpu_extender roles.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_resources
@@ -69,13 +75,24 @@ _value:
   description:
     - C(errors) inventory problems, one sentence each; C(resources) every GPU resource of the fleet
       (nvidia.com/gpu first, then the nvidia.com/mig-* sorted); C(tenants) tenant -> {group, hosts, namespaces,
-      priority_class, pod_security, description, capacity, quotas}; C(nodes) GPU node -> tenant or null.
+      priority_class, pod_security, description, sharing, device_plugin_config, capacity, quotas}, C(sharing)
+      resource -> replicas (>= 2 only), C(device_plugin_config) the name of the device plugin's config for the
+      pool's nodes or null, C(capacity) what the pool's nodes advertise (devices x replicas);
+      C(nodes) GPU node -> tenant or null.
   type: dict
 """
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
 WHOLE_GPU = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+MIG_PROFILE = re.compile(r"[1-7]g\.[0-9]+gb(\+me)?")
+# A node label value (the device plugin's config name is one: nvidia.com/device-plugin.config=<name>).
+LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+# Time-slicing replicas per device: the device plugin wants at least 2 (1 here means exclusive, no entry), the
+# extender's SHARED_RESOURCES accepts at most 64.
+MAX_REPLICAS = 64
+SHARED_CONFIG_PREFIX = "time-sliced-"
 
 
 def _as_int(value) -> int:
@@ -90,6 +107,84 @@ def _whole_number(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _resource_name(name) -> str | None:
+    """A sharing entry's resource as the device plugin advertises it (nvidia.com/gpu, nvidia.com/mig-<profile>).
+    The short forms the placement simulator takes (gpu, mig-1g.10gb, 1g.10gb) are accepted too; None: neither."""
+    if not isinstance(name, str):
+        return None
+    short = name.strip().removeprefix("nvidia.com/")
+    if short == "gpu":
+        return WHOLE_GPU
+    profile = short.removeprefix("mig-")
+    return MIG_PREFIX + profile if MIG_PROFILE.fullmatch(profile) else None
+
+
+def _config_name(sharing: dict[str, int]) -> str:
+    """The device plugin config of one sharing setting, named after it (time-sliced-mig-1g.10gb-x4), so that pools
+    with the same setting share one config; a digest when that is no label value (too long, a `+me` profile)."""
+    parts = "_".join(f"{resource.removeprefix('nvidia.com/')}-x{n}" for resource, n in sorted(sharing.items()))
+    name = SHARED_CONFIG_PREFIX + parts
+    if LABEL_VALUE.fullmatch(name):
+        return name
+    return SHARED_CONFIG_PREFIX + hashlib.sha256(parts.encode()).hexdigest()[:16]
+
+
+def _pool_sharing(tenant: str, value, errors: list[str]) -> dict[str, int]:
+    """One pool's `sharing` as resource -> replicas, the entries of 2 replicas or more (1 is exclusive)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        errors.append(
+            f"tenant {tenant}: sharing must map a resource to its time-slicing replicas "
+            f"(for example {{nvidia.com/mig-1g.10gb: 4}}), not {value!r}"
+        )
+        return {}
+    sharing: dict[str, int] = {}
+    for name, replicas in value.items():
+        resource = _resource_name(name)
+        if resource is None:
+            errors.append(
+                f"tenant {tenant}: sharing names {name}, which is not nvidia.com/gpu or nvidia.com/mig-<profile>"
+            )
+        elif not _whole_number(replicas) or not 1 <= replicas <= MAX_REPLICAS:
+            errors.append(
+                f"tenant {tenant}: sharing of {resource} must be a whole number of replicas from 1 (exclusive) "
+                f"to {MAX_REPLICAS}, not {replicas!r}"
+            )
+        elif resource in sharing:
+            errors.append(f"tenant {tenant}: sharing names {resource} twice")
+        elif replicas > 1:
+            sharing[resource] = replicas
+    return sharing
+
+
+def tenants_sharing(tenants) -> dict:
+    """The pools' time-slicing: C(errors); C(tenants) tenant -> {resource: replicas} (shared pools only);
+    C(configs) device plugin config name -> {resource: replicas}, one per distinct setting; C(labels) tenant ->
+    config name (shared pools only); C(resources) resource -> replicas over the fleet (the extender's
+    SHARED_RESOURCES; a resource shared with different counts in different pools keeps the largest, as the
+    placement simulator does)."""
+    errors: list[str] = []
+    result: dict = {"errors": errors, "tenants": {}, "configs": {}, "labels": {}, "resources": {}}
+    if not isinstance(tenants, dict):
+        return result  # tenants_model reports the malformed gpufleet_tenants
+    for tenant, spec in tenants.items():
+        if not isinstance(spec, dict):
+            continue
+        sharing = _pool_sharing(str(tenant), spec.get("sharing"), errors)
+        if not sharing:
+            continue
+        name = _config_name(sharing)
+        result["tenants"][str(tenant)] = sharing
+        result["configs"][name] = dict(sorted(sharing.items()))
+        result["labels"][str(tenant)] = name
+        for resource, replicas in sharing.items():
+            result["resources"][resource] = max(replicas, result["resources"].get(resource, 1))
+    result["configs"] = dict(sorted(result["configs"].items()))
+    result["resources"] = dict(sorted(result["resources"].items()))
+    return result
+
+
 class _Model:
     def __init__(self, hostvars, groups, priority_classes, pod_security_level, allow_privileged):
         self.hostvars, self.groups = hostvars, groups
@@ -100,6 +195,7 @@ class _Model:
         self.tenant_of_ns: dict[str, str] = {}
         self.tenants: dict[str, dict] = {}
         self.gpu_nodes = list(groups.get("gpu_nodes", []))
+        self.sharing: dict = tenants_sharing({})
 
     def pools(self, tenants) -> None:
         """1. Each tenant's pool: its group's hosts, checked against the other pools and the hosts' gpufleet_tenant."""
@@ -108,6 +204,8 @@ class _Model:
                 "gpufleet_tenants must be a non-empty mapping of tenant name -> {group, namespaces, priority_class}"
             )
             return
+        self.sharing = tenants_sharing(tenants)
+        self.errors.extend(self.sharing["errors"])
         for tenant, spec in tenants.items():
             if not isinstance(spec, dict) or "group" not in spec or "namespaces" not in spec:
                 self.errors.append(f"tenant {tenant}: needs at least `group` and `namespaces`")
@@ -164,6 +262,8 @@ class _Model:
             "priority_class": priority_class,
             "pod_security": pod_security,
             "description": spec.get("description", ""),
+            "sharing": self.sharing["tenants"].get(tenant, {}),
+            "device_plugin_config": self.sharing["labels"].get(tenant),
         }
 
     def _pool_host(self, tenant: str, group: str, host: str) -> None:
@@ -240,9 +340,16 @@ class _Model:
                         self.errors.append(f"{where}.{resource} must be a whole number >= 0, not {count}")
 
     def quotas(self, capacity, resources, quota_split, overrides, allow_overcommit) -> None:
-        """4. Pool capacity (sum over the pool's nodes) and each namespace's quota."""
+        """4. Pool capacity (sum over the pool's nodes, time-sliced resources x replicas) and each namespace's quota."""
         for tenant, pool in self.tenants.items():
-            pool_capacity = {r: sum(capacity.get(h, {}).get(r, 0) for h in pool["hosts"]) for r in resources}
+            devices = {r: sum(capacity.get(h, {}).get(r, 0) for h in pool["hosts"]) for r in resources}
+            for resource in pool["sharing"]:
+                if not devices.get(resource):
+                    self.errors.append(
+                        f"tenant {tenant}: sharing names {resource}, which no node of its pool has "
+                        f"({', '.join(r for r in resources if devices[r]) or 'no GPU resource'})"
+                    )
+            pool_capacity = {r: devices[r] * pool["sharing"].get(r, 1) for r in resources}
             by_ns = overrides.get(tenant, {})
             quotas: dict[str, dict[str, int]] = {ns: {} for ns in pool["namespaces"]}
             for resource in resources:
@@ -297,4 +404,4 @@ def tenants_model(
 
 class FilterModule:
     def filters(self):
-        return {"tenants_model": tenants_model}
+        return {"tenants_model": tenants_model, "tenants_sharing": tenants_sharing}

@@ -318,7 +318,17 @@ def check_yaml(block: Block, hongkong, tmp_path: Path) -> None:
         for key, value in data["spec"]["hard"].items():
             resource = key.removeprefix("requests.")
             total = sum(1 for n in hongkong.nodes if n.tenant == tenant for d in n.devices if d.resource == resource)
+            total *= hongkong.replicas_for(tenant, resource)  # a time-sliced pool's quota counts replicas
             assert value == total // namespaces, f"{block}: {key}: {value}, the layouts give {total // namespaces}"
+    elif isinstance(data, dict) and "gpufleet_tenants" in data:
+        # A pool's sharing: what the tenants, device plugin and extender roles read, through their filter.
+        from ansible_collections.gpufleet.mig.plugins.filter.tenants_model import tenants_sharing
+
+        sharing = tenants_sharing(data["gpufleet_tenants"])
+        assert sharing["errors"] == [] and sharing["configs"], f"{block}: {sharing['errors'] or 'no pool shares'}"
+        for tenant, resources in sharing["tenants"].items():
+            for resource, replicas in resources.items():
+                assert hongkong.replicas_for(tenant, resource) == replicas, f"{block}: the inventory says otherwise"
     elif isinstance(data, dict) and set(data) <= set(_role_text("tenants").split()) | {"tenants_quota_overrides"}:
         for variable in data:
             assert variable in (ROLES / "tenants/meta/argument_specs.yml").read_text(), f"{block}: no {variable}"

@@ -23,10 +23,49 @@ def by_kind_name(documents: dict[str, list[dict]]) -> dict[tuple[str, str], dict
     return {(d["kind"], d["metadata"]["name"]): d for docs in documents.values() for d in docs}
 
 
+FINNLP_CONFIG = "time-sliced-mig-1g.10gb-x4"
+
+
+def fleet_tenants(sharing: bool = True) -> dict:
+    """The Hong Kong inventory's gpufleet_tenants, with or without its pools' sharing."""
+    tenants = yaml.safe_load((REPO / "inventories/hongkong/group_vars/all/fleet.yml").read_text())["gpufleet_tenants"]
+    if not sharing:
+        for spec in tenants.values():
+            spec.pop("sharing", None)
+    return tenants
+
+
+def check_agent_pods(objects: dict, config_hash: str) -> None:
+    """What both agents' pods have in common, sharing or not."""
+    for name in ("nvidia-device-plugin", "gpu-feature-discovery"):
+        daemonset = objects[("DaemonSet", name)]
+        pod = daemonset["spec"]["template"]
+        assert pod["spec"]["nodeSelector"] == GPU_NODE_SELECTOR
+        assert {"key": "gpufleet.io/tenant", "operator": "Exists"} in pod["spec"]["tolerations"]
+        assert daemonset["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        # A changed config must roll the pods: the annotation is the hash of exactly the configs.
+        assert pod["metadata"]["annotations"]["gpufleet.io/config-hash"] == config_hash
+        # The agents get no token; the runtime's default seccomp profile.
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        assert pod["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+        agent = next(c for c in pod["spec"]["containers"] if c["name"] == name)
+        assert {"name": "CONFIG_FILE", "value": "/config/config.yaml"} in agent["env"]
+        assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+        assert {"name": "config", "mountPath": "/config", "readOnly": True} in agent["volumeMounts"]
+
+
+def check_base_config(config: dict) -> None:
+    assert config["version"] == "v1"
+    assert config["flags"]["migStrategy"] == "mixed"
+    # Devices reach a container only through the kubelet's mounts, never through a variable a pod can set itself.
+    assert config["flags"]["plugin"]["deviceListStrategy"] == "volume-mounts"
+
+
 @pytest.mark.parametrize("inventory", ["inventories/lab", "inventories/hongkong"])
-def test_renders_valid_mixed_strategy_daemonsets(tmp_path, inventory):
+def test_renders_a_default_and_a_named_time_slicing_config_chosen_by_node_label(tmp_path, inventory):
     manifests = render_roles(["gpufleet.mig.gpu_device_plugin"], tmp_path, inventory)
-    assert validate_manifests(manifests) == 4  # Namespace, ConfigMap, plugin and GFD DaemonSets
+    # Namespace, ConfigMap, ServiceAccount, ClusterRole and binding (config-manager), plugin and GFD DaemonSets
+    assert validate_manifests(manifests) == 7
     documents = load_manifests(manifests)
     assert set(documents) == {"namespaces/gpufleet-node-agents.yaml", "gpu_device_plugin/device-plugin.yaml"}
     objects = by_kind_name(documents)
@@ -34,31 +73,97 @@ def test_renders_valid_mixed_strategy_daemonsets(tmp_path, inventory):
     namespace = objects[("Namespace", "gpufleet-node-agents")]["metadata"]["labels"]
     assert namespace["pod-security.kubernetes.io/enforce"] == "privileged"
 
-    config_map = objects[("ConfigMap", "nvidia-device-plugin-config")]
-    config_text = config_map["data"]["config.yaml"]
-    config = yaml.safe_load(config_text)
-    assert config["version"] == "v1"
-    assert config["flags"]["migStrategy"] == "mixed"
-    # Devices reach a container only through the kubelet's mounts, never through a variable a pod can set itself.
-    assert config["flags"]["plugin"]["deviceListStrategy"] == "volume-mounts"
+    data = objects[("ConfigMap", "nvidia-device-plugin-config")]["data"]
+    # One default, one named config per distinct sharing setting (finnlp's 1g.10gb x4 is the only one).
+    assert set(data) == {"default", FINNLP_CONFIG}
+    default, shared = yaml.safe_load(data["default"]), yaml.safe_load(data[FINNLP_CONFIG])
+    check_base_config(default)
+    check_base_config(shared)
+    assert "sharing" not in default
+    assert shared["flags"] == default["flags"]  # the named config differs only in its sharing
+    assert shared["sharing"] == {
+        "timeSlicing": {
+            "renameByDefault": False,
+            "failRequestsGreaterThanOne": True,
+            "resources": [{"name": "nvidia.com/mig-1g.10gb", "replicas": 4}],
+        }
+    }
+    check_agent_pods(objects, hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest())
 
     for name in ("nvidia-device-plugin", "gpu-feature-discovery"):
-        daemonset = objects[("DaemonSet", name)]
-        pod = daemonset["spec"]["template"]
-        assert pod["spec"]["nodeSelector"] == GPU_NODE_SELECTOR
-        assert {"key": "gpufleet.io/tenant", "operator": "Exists"} in pod["spec"]["tolerations"]
-        assert daemonset["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
-        # A changed config must roll the pods: the annotation is the hash of exactly that config.
-        assert (
-            pod["metadata"]["annotations"]["gpufleet.io/config-hash"]
-            == hashlib.sha256(config_text.encode()).hexdigest()
-        )
-        # No API access needed, no token; the runtime's default seccomp profile.
-        assert pod["spec"]["automountServiceAccountToken"] is False
-        assert pod["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
-        container = pod["spec"]["containers"][0]
-        assert {"name": "CONFIG_FILE", "value": "/config/config.yaml"} in container["env"]
-        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+        pod = objects[("DaemonSet", name)]["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == "nvidia-device-plugin"
+        assert pod["shareProcessNamespace"] is True
+        (init,) = pod["initContainers"]
+        sidecar = next(c for c in pod["containers"] if c["name"] == "config-manager")
+        for manager, oneshot in ((init, "true"), (sidecar, "false")):
+            assert manager["command"] == ["config-manager"]
+            env = {e["name"]: e.get("value") for e in manager["env"]}
+            assert env["ONESHOT"] == oneshot
+            assert env["NODE_LABEL"] == "nvidia.com/device-plugin.config"
+            assert env["DEFAULT_CONFIG"] == "default"
+            assert env["CONFIG_FILE_DST"] == "/config/config.yaml"
+            assert manager["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            mounts = {m["name"]: m["mountPath"] for m in manager["volumeMounts"]}
+            assert mounts["config-manager-token"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+        assert {e["name"]: e.get("value") for e in sidecar["env"]}["PROCESS_TO_SIGNAL"] == name
+        # Only config-manager holds the API token.
+        agent = next(c for c in pod["containers"] if c["name"] == name)
+        assert "config-manager-token" not in {m["name"] for m in agent["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["available-configs"]["configMap"]["name"] == "nvidia-device-plugin-config"
+        assert volumes["config"] == {"name": "config", "emptyDir": {}}
+
+    # config-manager may read nodes, nothing else.
+    assert objects[("ClusterRole", "gpufleet-nvidia-device-plugin")]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = objects[("ClusterRoleBinding", "gpufleet-nvidia-device-plugin")]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "nvidia-device-plugin", "namespace": "gpufleet-node-agents"}
+    ]
+
+
+def test_without_sharing_one_config_file_and_no_api_access(tmp_path):
+    manifests = render_roles(
+        ["gpufleet.mig.gpu_device_plugin"], tmp_path, extra_vars={"gpufleet_tenants": fleet_tenants(sharing=False)}
+    )
+    assert validate_manifests(manifests) == 4  # Namespace, ConfigMap, plugin and GFD DaemonSets
+    objects = by_kind_name(load_manifests(manifests))
+    data = objects[("ConfigMap", "nvidia-device-plugin-config")]["data"]
+    assert list(data) == ["config.yaml"]
+    check_base_config(yaml.safe_load(data["config.yaml"]))
+    check_agent_pods(objects, hashlib.sha256(data["config.yaml"].encode()).hexdigest())
+    for name in ("nvidia-device-plugin", "gpu-feature-discovery"):
+        pod = objects[("DaemonSet", name)]["spec"]["template"]["spec"]
+        assert "serviceAccountName" not in pod and "initContainers" not in pod
+        assert [c["name"] for c in pod["containers"]] == [name]
+        assert {v["name"]: v for v in pod["volumes"]}["config"]["configMap"]["name"] == "nvidia-device-plugin-config"
+
+
+def test_pools_with_the_same_sharing_share_a_config_and_bad_sharing_is_refused(tmp_path):
+    tenants = fleet_tenants()
+    tenants["imagegen"]["sharing"] = {"mig-1g.10gb": 4, "nvidia.com/mig-2g.20gb": 2}
+    tenants["llm"]["sharing"] = {"gpu": 1}  # exclusive: no config
+    manifests = render_roles(["gpufleet.mig.gpu_device_plugin"], tmp_path, extra_vars={"gpufleet_tenants": tenants})
+    data = by_kind_name(load_manifests(manifests))[("ConfigMap", "nvidia-device-plugin-config")]["data"]
+    assert set(data) == {"default", FINNLP_CONFIG, "time-sliced-mig-1g.10gb-x4_mig-2g.20gb-x2"}
+    resources = yaml.safe_load(data["time-sliced-mig-1g.10gb-x4_mig-2g.20gb-x2"])["sharing"]["timeSlicing"]["resources"]
+    assert resources == [
+        {"name": "nvidia.com/mig-1g.10gb", "replicas": 4},
+        {"name": "nvidia.com/mig-2g.20gb", "replicas": 2},
+    ]
+
+    tenants["llm"]["sharing"] = {"nvidia.com/gpu": 100}
+    result, manifests = try_render(
+        ["gpufleet.mig.gpu_device_plugin"], tmp_path / "bad", extra_vars={"gpufleet_tenants": tenants}
+    )
+    assert result.returncode != 0
+    assert (
+        "tenant llm: sharing of nvidia.com/gpu must be a whole number of replicas from 1 (exclusive) to 64, not 100"
+        in " ".join(result.stdout.split())
+    )
+    assert not manifests.exists()
 
 
 def test_gfd_can_be_left_out_and_strategy_changed(tmp_path):
@@ -69,8 +174,8 @@ def test_gfd_can_be_left_out_and_strategy_changed(tmp_path):
     )
     objects = by_kind_name(load_manifests(manifests))
     assert ("DaemonSet", "gpu-feature-discovery") not in objects
-    config = yaml.safe_load(objects[("ConfigMap", "nvidia-device-plugin-config")]["data"]["config.yaml"])
-    assert config["flags"]["migStrategy"] == "single"
+    data = objects[("ConfigMap", "nvidia-device-plugin-config")]["data"]
+    assert {yaml.safe_load(text)["flags"]["migStrategy"] for text in data.values()} == {"single"}
 
 
 def test_an_image_digest_pins_both_agents_and_a_bad_one_is_refused(tmp_path):
@@ -279,8 +384,8 @@ def serve():
         server.server_close()
 
 
-def refresh(tmp_path, url: str, changed: dict[str, bool], layouts: dict[str, list]) -> tuple[int, str]:
-    """Run the role's refresh step in apply mode on a hand-made inventory against the API at `url`."""
+def write_kubeconfig(tmp_path, url: str):
+    """A kubeconfig for the fake API at `url`."""
     kubeconfig = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -290,7 +395,12 @@ def refresh(tmp_path, url: str, changed: dict[str, bool], layouts: dict[str, lis
         "current-context": "fake",
     }
     (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
-    result = run_refresh(tmp_path, tmp_path / "kubeconfig", NAMESPACE, changed, layouts, retries=3)
+    return tmp_path / "kubeconfig"
+
+
+def refresh(tmp_path, url: str, changed: dict[str, bool], layouts: dict[str, list]) -> tuple[int, str]:
+    """Run the role's refresh step in apply mode on a hand-made inventory against the API at `url`."""
+    result = run_refresh(tmp_path, write_kubeconfig(tmp_path, url), NAMESPACE, changed, layouts, retries=3)
     return result.returncode, result.stdout + result.stderr
 
 
@@ -337,6 +447,45 @@ def test_refresh_fails_naming_node_resource_expected_and_actual(tmp_path, serve)
         "nvidia.com/mig-1g.10gb expected 7, actual 0." in " ".join(output.split())
     )
     assert "Traceback" not in output
+
+
+def test_refresh_expects_a_time_sliced_pool_to_advertise_devices_times_replicas(tmp_path, serve):
+    cluster = FakeCluster(
+        before={"n1": {"nvidia.com/gpu": "1"}, "n2": {"nvidia.com/gpu": "1"}},
+        after={"n1": {"nvidia.com/mig-1g.10gb": "28"}, "n2": {"nvidia.com/mig-1g.10gb": "7"}},
+        plugin_restart_fixes=True,
+    )
+    tenants = {
+        "nlp": {"group": "gpu_nodes", "namespaces": ["nlp"], "sharing": {"nvidia.com/mig-1g.10gb": 4}},
+        "img": {"group": "gpu_nodes", "namespaces": ["img"]},
+    }
+    result = run_refresh(
+        tmp_path,
+        write_kubeconfig(tmp_path, serve(cluster)),
+        NAMESPACE,
+        {"n1": True, "n2": True},
+        {"n1": SEVEN_SMALL, "n2": SEVEN_SMALL},
+        tenants={"n1": "nlp", "n2": "img"},
+        extra_vars={"gpufleet_tenants": tenants},
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert cluster.deleted == ["nvidia-device-plugin-n1", "nvidia-device-plugin-n2"]
+
+    # A node of the shared pool that advertises its devices once (the plugin did not take the sharing) fails.
+    cluster = FakeCluster(
+        before={"n1": {"nvidia.com/gpu": "1"}}, after={"n1": {"nvidia.com/mig-1g.10gb": "7"}}, plugin_restart_fixes=True
+    )
+    result = run_refresh(
+        tmp_path,
+        write_kubeconfig(tmp_path, serve(cluster)),
+        NAMESPACE,
+        {"n1": True},
+        {"n1": SEVEN_SMALL},
+        tenants={"n1": "nlp"},
+        extra_vars={"gpufleet_tenants": tenants},
+    )
+    assert result.returncode != 0
+    assert "nvidia.com/mig-1g.10gb expected 28, actual 7" in " ".join(result.stdout.split())
 
 
 def test_render_mode_skips_the_refresh_visibly(tmp_path):

@@ -17,6 +17,7 @@ import threading
 import pytest
 import yaml
 from conftest import (
+    REPO,
     closed_port_kubeconfig,
     load_manifests,
     render_roles,
@@ -26,6 +27,8 @@ from conftest import (
     write_inventory,
 )
 from cryptography import x509
+from gpufleet_extender.config import Settings
+from gpufleet_extender.scoring import Policy
 
 SELECTOR = {"app.kubernetes.io/name": "gpufleet-extender", "app.kubernetes.io/component": "scheduler-extender"}
 
@@ -40,12 +43,12 @@ def objects(documents: dict[str, list[dict]]) -> dict[str, dict]:
     return found
 
 
-def control_plane_inventory(tmp_path, control_plane: dict[str, str | None]) -> str:
+def control_plane_inventory(tmp_path, control_plane: dict[str, str | None], all_vars=None) -> str:
     """A control plane only: host -> ansible_host (None for none)."""
     hosts = {name: ({"ansible_host": address} if address else None) for name, address in control_plane.items()}
     inventory = {
         "all": {
-            "vars": {"gpufleet_namespace": "gpufleet-system"},
+            "vars": {"gpufleet_namespace": "gpufleet-system", **(all_vars or {})},
             "children": {"control_plane": {"hosts": hosts}},
         }
     }
@@ -142,6 +145,9 @@ def test_lab_settings_and_service(lab):
     assert settings["NODE_NAME_LABELS"] == "Hostname,hostname"
     assert settings["KUBE_API"] == "in-cluster"
     assert all(isinstance(value, str) for value in settings.values())
+    # finnlp's time-sliced 1g.10gb (the pool's sharing); the interference weight is left to the extender.
+    assert json.loads(settings["SHARED_RESOURCES"]) == {"nvidia.com/mig-1g.10gb": 4}
+    assert "INTERFERENCE_WEIGHT" not in settings
     service = lab["Service"]["spec"]
     # The lab pins the ClusterIP the kube_scheduler role's static_pod mode points kube-scheduler at.
     assert service["clusterIP"] == "10.96.0.50"
@@ -207,10 +213,13 @@ def config_hash(rendered: dict[str, dict]) -> str:
 
 @pytest.fixture(scope="module")
 def small_inventory(tmp_path_factory) -> str:
-    """Four control-plane hosts: an IPv4 address, an IPv6 address, a host name and no address at all."""
+    """Four control-plane hosts: an IPv4 address, an IPv6 address, a host name and no address at all; the lab's
+    tenant pools (their sharing is one of the extender's settings)."""
+    tenants = yaml.safe_load((REPO / "inventories/hongkong/group_vars/all/fleet.yml").read_text())["gpufleet_tenants"]
     return control_plane_inventory(
         tmp_path_factory.mktemp("extender-inventory"),
         {"cp-1": "10.20.0.11", "cp-2": "fd00:10::12", "cp-3": "cp-3.example.org", "cp-4": None},
+        {"gpufleet_tenants": tenants},
     )
 
 
@@ -585,6 +594,41 @@ def test_scoring_strategy_reaches_the_extender_settings(tmp_path):
     assert (data["SCORING_STRATEGY"], data["AUTO_PACK_BELOW"]) == ("auto", "0.3")
     # a setting left null is left to the extender's own default, not restated in the ConfigMap
     assert "PACK_TARGET_UTIL" not in data and "GPU_UTIL_THRESHOLD" not in data
+
+
+def test_the_pools_sharing_reaches_the_extender_as_the_pod_reads_it(tmp_path, monkeypatch):
+    tenants = yaml.safe_load((REPO / "inventories/hongkong/group_vars/all/fleet.yml").read_text())["gpufleet_tenants"]
+    tenants["llm"]["sharing"] = {"gpu": 2}
+    tenants["imagegen"]["sharing"] = {"nvidia.com/mig-1g.10gb": 8}  # the largest count of a resource wins
+    rendered = render_extender(
+        tmp_path, "inventories/lab", {"gpufleet_tenants": tenants, "gpu_extender_interference_weight": 1.5}
+    )
+    data = rendered["ConfigMap"]["data"]
+    # The pod loads the ConfigMap with envFrom: read it from the environment exactly as the extender does.
+    for key, value in data.items():
+        monkeypatch.setenv(key, value)
+    policy = Policy.from_settings(Settings())
+    assert policy.shared_resources == (("nvidia.com/gpu", 2), ("nvidia.com/mig-1g.10gb", 8))
+    assert policy.replicas_of("nvidia.com/mig-2g.20gb") == 1
+    assert policy.interference_weight == 1.5
+
+    # Without any sharing the setting is left out, and the extender's default (nothing shared) applies.
+    for spec in tenants.values():
+        spec.pop("sharing", None)
+    data = render_extender(tmp_path / "none", "inventories/lab", {"gpufleet_tenants": tenants})["ConfigMap"]["data"]
+    assert "SHARED_RESOURCES" not in data and "INTERFERENCE_WEIGHT" not in data
+
+
+def test_a_bad_interference_weight_or_sharing_is_refused(tmp_path):
+    result, manifests = try_render(["gpu_extender"], tmp_path, extra_vars={"gpu_extender_interference_weight": 11})
+    assert result.returncode != 0
+    assert "INTERFERENCE_WEIGHT" in result.stdout and "less than or equal to 10" in result.stdout
+    assert not (manifests / "gpu_extender").exists()
+    result, manifests = try_render(
+        ["gpu_extender"], tmp_path / "sharing", extra_vars={"gpu_extender_shared_resources": {"amd.com/gpu": 2}}
+    )
+    assert result.returncode != 0
+    assert "SHARED_RESOURCES" in result.stdout and "amd.com/gpu" in result.stdout
 
 
 def test_a_pack_target_above_the_filter_threshold_is_refused(tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import (
+    REPO,
     closed_port_kubeconfig,
     load_manifests,
     render_roles,
@@ -18,6 +19,7 @@ from conftest import (
 )
 
 TENANT_KEY = "gpufleet.io/tenant"
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 MIG_OFF = [{"devices": "all", "mig_enabled": False}]
 
 
@@ -122,9 +124,10 @@ def test_lab_quotas_are_the_pool_capacity(lab_documents):
         "nvidia.com/mig-2g.20gb": 6 * 4 * 3,
         "nvidia.com/mig-1g.10gb": 6 * 4 * 1,
     }
-    # finnlp: 4 nodes x 8 GPUs x 7 instances, split evenly over its two namespaces.
+    # finnlp: 4 nodes x 8 GPUs x 7 instances, each time-sliced 4 ways (the pool's sharing), split evenly over its
+    # two namespaces. imagegen's 1g.10gb above stays exclusive: sharing is per pool.
     for ns in ("finnlp", "finnlp-batch"):
-        assert per_namespace[ns]["nvidia.com/mig-1g.10gb"] == 4 * 8 * 7 // 2
+        assert per_namespace[ns]["nvidia.com/mig-1g.10gb"] == 4 * 8 * 7 * 4 // 2
         assert per_namespace[ns]["nvidia.com/gpu"] == 0
 
 
@@ -139,7 +142,10 @@ def test_lab_nodes_are_labelled_and_tainted_by_pool(lab_documents):
         # Partial objects for server-side apply: nothing but the labels and taints the role owns.
         assert set(node) == {"apiVersion", "kind", "metadata", "spec"}
         assert set(node["metadata"]) == {"name", "labels"}
-        assert node["metadata"]["labels"] == {"gpufleet.io/gpu-node": "true", TENANT_KEY: tenant}
+        labels = {"gpufleet.io/gpu-node": "true", TENANT_KEY: tenant}
+        if tenant == "finnlp":  # the device plugin's config-manager picks the pool's time-slicing config by it
+            labels[DEVICE_PLUGIN_CONFIG_LABEL] = "time-sliced-mig-1g.10gb-x4"
+        assert node["metadata"]["labels"] == labels
         assert node["spec"] == {"taints": [{"key": TENANT_KEY, "value": tenant, "effect": "NoExecute"}]}
 
 
@@ -226,6 +232,32 @@ def test_hongkong_renders_what_the_lab_renders(lab_documents, tmp_path):
 
 
 # --- derived values on small inventories ------------------------------------------------------------------------
+
+
+def test_the_config_label_names_a_config_of_the_device_plugin(tmp_path):
+    # The two roles are rendered together as site.yml runs them: each time-sliced node's label must name one of the
+    # device plugin's configs (config-manager fails on a name it does not have), and the config must slice that
+    # pool's resource as the quota counts it.
+    tenants = yaml.safe_load((REPO / "inventories/hongkong/group_vars/all/fleet.yml").read_text())["gpufleet_tenants"]
+    tenants["llm"]["sharing"] = {"nvidia.com/gpu": 2}
+    manifests = render_roles(
+        ["gpufleet.mig.tenants", "gpufleet.mig.gpu_device_plugin"], tmp_path, extra_vars={"gpufleet_tenants": tenants}
+    )
+    documents = load_manifests(manifests)
+    (config_map,) = by_kind(documents, "ConfigMap").values()
+    configs = {name: yaml.safe_load(text) for name, text in config_map["data"].items()}
+    nodes = {name: doc["metadata"]["labels"] for (_, name), doc in by_kind(documents, "Node").items()}
+    chosen = {labels[TENANT_KEY]: labels.get(DEVICE_PLUGIN_CONFIG_LABEL) for labels in nodes.values()}
+    assert chosen == {"llm": "time-sliced-gpu-x2", "imagegen": None, "finnlp": "time-sliced-mig-1g.10gb-x4"}
+    assert set(configs) == {"default", "time-sliced-gpu-x2", "time-sliced-mig-1g.10gb-x4"}
+    per_namespace = quotas(documents)
+    for tenant, namespaces, resource, devices in (
+        ("llm", ["llm-inference"], "nvidia.com/gpu", 10 * 8),
+        ("finnlp", ["finnlp", "finnlp-batch"], "nvidia.com/mig-1g.10gb", 4 * 8 * 7),
+    ):
+        (entry,) = configs[chosen[tenant]]["sharing"]["timeSlicing"]["resources"]
+        assert entry["name"] == resource
+        assert sum(per_namespace[ns][resource] for ns in namespaces) == devices * entry["replicas"]
 
 
 def test_uneven_split_overrides_and_untenanted_node(tmp_path):

@@ -120,3 +120,13 @@ def test_a_gpu_level_error_names_the_config_entry_that_asks_for_it():
     with pytest.raises(AnsibleFilterError) as refused:
         resources(config, 4)
     assert "config[1]: GPU 2 (NVIDIA H100 80GB HBM3): the layout needs 10 memory slices" in str(refused.value)
+
+
+def test_time_sliced_resources_count_devices_times_replicas():
+    layout = _tenant_layout("tenant_imagegen")
+    replicas = {"nvidia.com/mig-1g.10gb": 4, "nvidia.com/mig-7g.80gb": 2}  # a resource the node lacks adds nothing
+    assert resources(layout, 8, replicas=replicas) == {
+        "nvidia.com/mig-1g.10gb": 16,
+        "nvidia.com/mig-2g.20gb": 12,
+        "nvidia.com/mig-3g.40gb": 8,
+    }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.mig.plugins.filter.tenants_model import tenants_model
+from ansible_collections.gpufleet.mig.plugins.filter.tenants_model import tenants_model, tenants_sharing
 
 ALL_1G = [{"devices": "all", "mig_enabled": True, "mig_devices": {"1g.10gb": 7}}]
 WHOLE = [{"devices": "all", "mig_enabled": False}]
@@ -131,3 +131,97 @@ def test_an_impossible_layout_fails_with_the_layout_message():
     )
     with pytest.raises(AnsibleFilterError, match="at most 1 fit on one GPU"):
         tenants_model(hostvars, groups, {"nlp": tenant("nlp", "a")})
+
+
+# --- time-slicing (a pool's `sharing`) -----------------------------------------------------------------------------
+
+MIXED = [
+    {"devices": [0, 1, 2, 3], "mig_enabled": True, "mig_devices": {"1g.10gb": 7}},
+    {"devices": [4, 5, 6, 7], "mig_enabled": False},
+]
+
+
+def test_a_time_sliced_resource_counts_devices_times_replicas_in_capacity_and_quotas():
+    hostvars, groups = inventory({"nlp": ["n1", "n2"], "img": ["i1"]}, layout=MIXED)
+    tenants = {
+        "nlp": tenant("nlp", "a", "b", "c", sharing={"nvidia.com/mig-1g.10gb": 4}),
+        "img": tenant("img", "x"),
+    }
+    model = tenants_model(hostvars, groups, tenants)
+    assert model["errors"] == []
+    nlp, img = model["tenants"]["nlp"], model["tenants"]["img"]
+    # 2 nodes x 4 GPUs x 7 instances = 56 devices, 4 replicas each; the whole GPUs stay exclusive.
+    assert nlp["capacity"] == {"nvidia.com/gpu": 8, "nvidia.com/mig-1g.10gb": 224}
+    assert [nlp["quotas"][ns]["nvidia.com/mig-1g.10gb"] for ns in "abc"] == [75, 75, 74]
+    assert [nlp["quotas"][ns]["nvidia.com/gpu"] for ns in "abc"] == [3, 3, 2]
+    assert nlp["sharing"] == {"nvidia.com/mig-1g.10gb": 4}
+    assert nlp["device_plugin_config"] == "time-sliced-mig-1g.10gb-x4"
+    # The same resource in a pool without sharing is counted once per device.
+    assert img["capacity"] == {"nvidia.com/gpu": 4, "nvidia.com/mig-1g.10gb": 28}
+    assert img["sharing"] == {} and img["device_plugin_config"] is None
+
+
+def test_explicit_quotas_are_checked_against_the_replicated_capacity():
+    hostvars, groups = inventory({"nlp": ["n1"]})  # 56 x 1g.10gb
+    tenants = {"nlp": tenant("nlp", "a", "b", sharing={"1g.10gb": 2})}
+    fits = {"nlp": {"a": {"nvidia.com/mig-1g.10gb": 100}}}
+    model = tenants_model(hostvars, groups, tenants, quota_overrides=fits)
+    assert model["errors"] == []
+    assert model["tenants"]["nlp"]["quotas"]["b"]["nvidia.com/mig-1g.10gb"] == 12
+    too_many = {"nlp": {"a": {"nvidia.com/mig-1g.10gb": 113}}}
+    assert tenants_model(hostvars, groups, tenants, quota_overrides=too_many)["errors"] == [
+        "tenant nlp: the explicit nvidia.com/mig-1g.10gb quotas add up to 113, more than the pool capacity of 112; "
+        "lower them or set tenants_quota_allow_overcommit"
+    ]
+
+
+def test_pools_with_the_same_sharing_share_one_named_config():
+    tenants = {
+        "nlp": tenant("nlp", "a", sharing={"nvidia.com/mig-1g.10gb": 4}),
+        "emb": tenant("emb", "e", sharing={"mig-1g.10gb": 4}),  # the simulator's short forms name the same
+        "dev": tenant("dev", "d", sharing={"gpu": 2, "1g.10gb": 8}),
+        "off": tenant("off", "o", sharing={"nvidia.com/gpu": 1}),  # 1 replica: exclusive, no config
+        "none": tenant("none", "n"),
+    }
+    sharing = tenants_sharing(tenants)
+    assert sharing["errors"] == []
+    assert sharing["configs"] == {
+        "time-sliced-gpu-x2_mig-1g.10gb-x8": {"nvidia.com/gpu": 2, "nvidia.com/mig-1g.10gb": 8},
+        "time-sliced-mig-1g.10gb-x4": {"nvidia.com/mig-1g.10gb": 4},
+    }
+    assert sharing["labels"] == {
+        "nlp": "time-sliced-mig-1g.10gb-x4",
+        "emb": "time-sliced-mig-1g.10gb-x4",
+        "dev": "time-sliced-gpu-x2_mig-1g.10gb-x8",
+    }
+    # The extender takes one count per resource: the largest any pool uses.
+    assert sharing["resources"] == {"nvidia.com/gpu": 2, "nvidia.com/mig-1g.10gb": 8}
+    assert tenants_sharing({"none": tenant("none", "n")})["configs"] == {}
+
+
+def test_a_config_name_that_is_no_label_value_becomes_a_digest():
+    sharing = tenants_sharing({"me": tenant("me", "m", sharing={"nvidia.com/mig-1g.10gb+me": 3})})
+    (name,) = sharing["configs"]
+    assert name.startswith("time-sliced-") and "+" not in name and len(name) <= 63
+    assert sharing["labels"] == {"me": name}
+    assert sharing["configs"][name] == {"nvidia.com/mig-1g.10gb+me": 3}
+
+
+def test_every_sharing_problem_is_listed():
+    hostvars, groups = inventory({"nlp": ["n1"], "img": ["i1"], "llm": ["l1"]})
+    tenants = {
+        "nlp": tenant("nlp", "a", sharing={"nvidia.com/mig-2g.20gb": 2, "amd.com/gpu": 2, "1g.10gb": 0}),
+        "img": tenant("img", "b", sharing=[{"name": "nvidia.com/mig-1g.10gb", "replicas": 4}]),
+        "llm": tenant("llm", "c", sharing={"1g.10gb": 65, "nvidia.com/gpu": True}),
+    }
+    assert tenants_model(hostvars, groups, tenants)["errors"] == [
+        "tenant nlp: sharing names amd.com/gpu, which is not nvidia.com/gpu or nvidia.com/mig-<profile>",
+        "tenant nlp: sharing of nvidia.com/mig-1g.10gb must be a whole number of replicas from 1 (exclusive) to 64, "
+        "not 0",
+        "tenant img: sharing must map a resource to its time-slicing replicas (for example "
+        "{nvidia.com/mig-1g.10gb: 4}), not [{'name': 'nvidia.com/mig-1g.10gb', 'replicas': 4}]",
+        "tenant llm: sharing of nvidia.com/mig-1g.10gb must be a whole number of replicas from 1 (exclusive) to 64, "
+        "not 65",
+        "tenant llm: sharing of nvidia.com/gpu must be a whole number of replicas from 1 (exclusive) to 64, not True",
+        "tenant nlp: sharing names nvidia.com/mig-2g.20gb, which no node of its pool has (nvidia.com/mig-1g.10gb)",
+    ]
