@@ -15,6 +15,7 @@ from gpufleet_extender.config import (
     MetricsSourceKind,
     MissingMetricsPolicy,
     SettingsError,
+    check_settings,
     get_settings,
     load_settings,
 )
@@ -180,3 +181,16 @@ def test_readme_table_states_the_defaults_of_the_code():
             assert float(text) == defaults[name], name
             checked += 1
     assert checked >= 10
+
+
+def test_check_config_reads_shared_resources_as_the_configmap_holds_them_json_text():
+    # A ConfigMap's data values are strings; the pod's environment gives the extender the same JSON text.
+    assert check_settings({"SHARED_RESOURCES": '{"nvidia.com/mig-1g.10gb": 4}'}).SHARED_RESOURCES == {
+        "nvidia.com/mig-1g.10gb": 4
+    }
+    with pytest.raises(
+        SettingsError, match=r'SHARED_RESOURCES: is not JSON .*write it as \{"nvidia.com/mig-1g.10gb": 4\}'
+    ):
+        check_settings({"SHARED_RESOURCES": "nvidia.com/mig-1g.10gb=4"})
+    with pytest.raises(SettingsError, match=r"SHARED_RESOURCES\.nvidia\.com/mig-1g\.10gb: Input should be less than"):
+        check_settings({"SHARED_RESOURCES": '{"nvidia.com/mig-1g.10gb": 65}'})

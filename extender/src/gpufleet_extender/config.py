@@ -117,6 +117,18 @@ class Settings(BaseSettings):
     # spread: how much the load of a node's other devices lowers an exclusive resource's score (0 = off).
     INTERFERENCE_WEIGHT: Annotated[float, Field(ge=0.0, le=10.0)] = _DEFAULT_POLICY.interference_weight
 
+    @field_validator("SHARED_RESOURCES", mode="before")
+    @classmethod
+    def _json_text(cls, value: Any) -> Any:
+        # The environment's JSON text, also where it comes as a plain value: a ConfigMap's data checked by
+        # check-config, a config file that copies the environment's form.
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(f'is not JSON ({exc.msg}); write it as {{"nvidia.com/mig-1g.10gb": 4}}') from None
+        return value
+
     @field_validator("SHARED_RESOURCES")
     @classmethod
     def _gpu_resources(cls, value: dict[str, int]) -> dict[str, int]:

@@ -330,7 +330,14 @@ def test_plugin_mode_follows_the_extenders_settings_and_can_keep_the_extender(tm
 def test_plugin_mode_renders_shared_resources_and_the_interference_weight(tmp_path):
     lab = scheduler_config(render_roles([ROLE], tmp_path / "lab"))
     args = lab["profiles"][0]["pluginConfig"][0]["args"]
-    assert (args["sharedResources"], args["interferenceWeight"]) == ({}, 0.0)  # scoring.Policy's defaults
+    # From the inventory's pools (finnlp time-slices its 1g.10gb x4), as the extender's SHARED_RESOURCES; the
+    # weight is scoring.Policy's default.
+    assert (args["sharedResources"], args["interferenceWeight"]) == ({"nvidia.com/mig-1g.10gb": 4}, 0.0)
+    # The extender's weight, when the inventory sets it, is the plugin's too.
+    follows = scheduler_config(
+        render_roles([ROLE], tmp_path / "follows", extra_vars={"gpu_extender_interference_weight": 2})
+    )
+    assert follows["profiles"][0]["pluginConfig"][0]["args"]["interferenceWeight"] == 2.0
     extra = {
         "kube_scheduler_plugin_shared_resources": {"nvidia.com/mig-1g.10gb": 4, "nvidia.com/gpu": "2"},
         "kube_scheduler_plugin_interference_weight": 1,
