@@ -82,7 +82,7 @@ SUITES = {
         ("-k", "not brute_force_on_every_request"),
         (
             ("spec.py", (f"{UNIT}/module_utils/test_spec.py",)),
-            ("planner.py", (f"{UNIT}/module_utils/test_planner.py", f"{UNIT}/test_bench_mig.py")),
+            ("planner.py", (f"{UNIT}/module_utils/test_planner.py",)),
             ("runner.py", (f"{UNIT}/module_utils/test_runner.py", f"{UNIT}/module_utils/test_spec.py")),
         ),
     ),
