@@ -213,3 +213,94 @@ def test_random_transitions_destroy_the_brute_force_minimum(seed):
         minimum = bench.minimum_destroyed([(i.profile, i.start) for i in current], target, H100)
         assert len(plan.destroy) == minimum, (chosen, target)
         assert _is_valid(plan.after, target, H100)
+
+
+def test_h100_catalog_has_the_driver_profile_ids_and_placements():
+    # H100 80GB: the GI profile IDs and placements (start:size, 8 memory slices) NVML reports.
+    listed = {p["name"]: p for p in H100.as_dict()}
+    assert list(listed) == ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+    assert {n: p["profile_id"] for n, p in listed.items()} == {
+        "1g.10gb": 19, "1g.10gb+me": 20, "1g.20gb": 15, "2g.20gb": 14, "3g.40gb": 9, "4g.40gb": 5, "7g.80gb": 0,
+    }  # fmt: skip
+    placements = {n: [(s["start"], s["size"]) for s in p["placements"]] for n, p in listed.items()}
+    assert placements["1g.10gb"] == [(start, 1) for start in range(7)]
+    assert placements["1g.20gb"] == [(0, 2), (2, 2), (4, 2), (6, 2)]
+    assert placements["2g.20gb"] == [(0, 2), (2, 2), (4, 2)]
+    assert placements["3g.40gb"] == [(0, 4), (4, 4)]
+    assert placements["4g.40gb"] == [(0, 4)] and placements["7g.80gb"] == [(0, 8)]
+    assert listed["3g.40gb"] == {
+        "name": "3g.40gb",
+        "profile_id": 9,
+        "profile_enum": H100.by_name["3g.40gb"].enum,
+        "compute_slices": 3,
+        "max_instances": 2,
+        "memory_mib": H100.by_name["3g.40gb"].memory_mib,
+        "placements": [{"start": 0, "size": 4}, {"start": 4, "size": 4}],
+    }
+    assert listed["1g.10gb"]["max_instances"] == 7 and listed["7g.80gb"]["compute_slices"] == 7
+    assert (H100.compute_slices, H100.memory_slices) == (7, 8)
+    assert H100.by_id[9] is H100.by_name["3g.40gb"]
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (
+            {"1c.3g.40gb": 1, "1c.2g.20gb": 1, "9g.90gb": 1},
+            "1c.2g.20gb, 1c.3g.40gb: compute-instance profiles smaller than their GPU instance are not supported "
+            "(nvidia_mig creates one compute instance spanning each GPU instance); use the <G>g.<GB>gb form",
+        ),
+        (
+            {"9g.90gb": 1, "8g.1gb": 2, "bogus": 1},
+            "unknown MIG profile(s) 8g.1gb, 9g.90gb, bogus for this GPU; valid profiles: 1g.10gb, 1g.10gb+me, "
+            "1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb",
+        ),
+        ({"1g.10gb+me": 2}, "2 x 1g.10gb+me requested, at most 1 fit on one GPU"),
+        ({"1g.10gb": 8}, "8 x 1g.10gb requested, at most 7 fit on one GPU"),
+        (
+            {"4g.40gb": 1, "1g.10gb": 4},
+            "the layout needs 8 compute slices (4 x 1g.10gb + 1 x 4g.40gb), the GPU has 7",
+        ),
+        (
+            {"3g.40gb": 2, "1g.10gb": 1},
+            "the layout needs 9 memory slices (1 x 1g.10gb + 2 x 3g.40gb), the GPU has 8",
+        ),
+    ],
+)
+def test_validate_target_refusals_name_the_constraint_word_for_word(target, message):
+    with pytest.raises(SpecError) as failure:
+        validate_target(target, H100, "GPU 0")
+    assert failure.value.message == f"GPU 0: {message}"
+
+
+def test_a_layout_at_the_limits_is_valid():
+    assert validate_target({"1g.10gb": 7}, H100, "GPU 0") == [Slot("1g.10gb", s, 1) for s in range(7)]
+    assert validate_target({"4g.40gb": 1, "3g.40gb": 1}, H100, "GPU 0") == [
+        Slot("4g.40gb", 0, 4),
+        Slot("3g.40gb", 4, 4),
+    ]
+
+
+def test_busy_refusal_lists_every_busy_instance_and_processes_outside_instances():
+    state = GpuState(
+        2, "GPU-u", "NVIDIA H100 80GB HBM3", True, True,
+        [Instance(4, "3g.40gb", 4, 4, (11, 12), uuid="MIG-abc"), Instance(5, "3g.40gb", 0, 4, (13,))],
+    )  # fmt: skip
+    with pytest.raises(BusyInstanceError) as failure:
+        plan_gpu(state, GpuTarget(True, {"7g.80gb": 1}, 0), H100, force=False)
+    assert failure.value.message == (
+        "GPU 2: instance 3g.40gb at slice 0 (GPU instance 5) has running processes (PIDs 13); "
+        "GPU 2: instance 3g.40gb at slice 4 (GPU instance 4, MIG-abc) has running processes (PIDs 11, 12); "
+        "stop them or set force=true"
+    )
+    off = GpuState(2, "GPU-u", "NVIDIA H100 80GB HBM3", False, False, [], gpu_pids=(77, 88))
+    with pytest.raises(BusyInstanceError) as failure:
+        plan_gpu(off, GpuTarget(True, {"7g.80gb": 1}, 0), H100, force=False)
+    assert failure.value.message == (
+        "GPU 2: MIG mode must change but processes run on the GPU (PIDs 77, 88); stop them or set force=true"
+    )
+    # Processes outside instances only matter when the mode changes.
+    on = GpuState(2, "GPU-u", "NVIDIA H100 80GB HBM3", True, True, [], gpu_pids=(77,))
+    assert [a["op"] for a in plan_gpu(on, GpuTarget(True, {"7g.80gb": 1}, 0), H100, force=False).actions()] == [
+        "create"
+    ]
