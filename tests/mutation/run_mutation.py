@@ -69,6 +69,7 @@ SUITES = {
             f"{UNIT}/module_utils/test_runner.py",
             f"{UNIT}/module_utils/test_layout.py",
             f"{UNIT}/test_bench_mig.py",
+            f"{UNIT}/modules/test_nvidia_mig.py",
         ),
         (
             ("plugins", f"{COLLECTION}/plugins"),
@@ -79,11 +80,14 @@ SUITES = {
         ),
         # The exhaustive search-vs-brute-force test takes 20-40 s a run; per mutant that is hours on two cores.
         # The random transitions and bench-mig tests check the same search against the same brute force.
-        ("-k", "not brute_force_on_every_request"),
+        # The module's end-to-end test starts ansible-playbook (seconds a run); the module tests beside it call the
+        # same code in-process.
+        ("-k", "not brute_force_on_every_request and not ansible_cli_end_to_end"),
         (
             ("spec.py", (f"{UNIT}/module_utils/test_spec.py",)),
             ("planner.py", (f"{UNIT}/module_utils/test_planner.py",)),
-            ("runner.py", (f"{UNIT}/module_utils/test_runner.py", f"{UNIT}/module_utils/test_spec.py")),
+            # The module's tests drive the runner through every apply path (resets, pending modes, failures).
+            ("runner.py", (f"{UNIT}/module_utils/test_runner.py", f"{UNIT}/modules/test_nvidia_mig.py")),
         ),
     ),
     "extender": Suite(
