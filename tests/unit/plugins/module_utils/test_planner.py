@@ -304,3 +304,28 @@ def test_busy_refusal_lists_every_busy_instance_and_processes_outside_instances(
     assert [a["op"] for a in plan_gpu(on, GpuTarget(True, {"7g.80gb": 1}, 0), H100, force=False).actions()] == [
         "create"
     ]
+
+
+def test_an_empty_catalog_has_no_slices():
+    # What read_catalog gives for a GPU without MIG profiles when MIG is not wanted on it.
+    empty = Catalog([])
+    assert (empty.names(), empty.compute_slices, empty.memory_slices, empty.by_id) == ([], 0, 0, {})
+
+
+def test_instances_of_a_profile_wanted_fewer_times_do_not_end_the_search():
+    # Keeping both 1g.10gb is over the count; keeping one of them with the 2g.20gb is the best choice.
+    state = _state([_inst(1, "1g.10gb", 0), _inst(2, "1g.10gb", 1), _inst(3, "2g.20gb", 2)])
+    plan = plan_gpu(state, GpuTarget(True, {"1g.10gb": 1, "2g.20gb": 1}, 0), H100, force=False)
+    assert [i.gi_id for i in plan.destroy] == [2]
+    assert plan.create == []
+
+
+def test_plan_lists_the_layout_before_by_start_and_names_entry_and_gpu_in_refusals():
+    state = _state([_inst(2, "3g.40gb", 4), _inst(1, "1g.10gb", 0)])
+    plan = plan_gpu(state, GpuTarget(True, {"3g.40gb": 1, "1g.10gb": 1}, 0), H100, force=False)
+    assert plan.before == [Slot("1g.10gb", 0, 1), Slot("3g.40gb", 4, 4)] and not plan.changed
+    with pytest.raises(SpecError) as failure:
+        plan_gpu(state, GpuTarget(True, {"1g.10gb": 8}, 2), H100, force=False)
+    assert failure.value.message == (
+        "config[2]: GPU 3 (NVIDIA H100 80GB HBM3): 8 x 1g.10gb requested, at most 7 fit on one GPU"
+    )
