@@ -462,3 +462,28 @@ def test_mig_parted_entries_come_back_with_our_key_names():
         {"devices": "all", "mig_enabled": True, "mig_devices": {"1g.10gb": 0, "2g.20gb": 1}},
     ]
     assert config_from_mig_parted(document({"devices": "all", "mig-enabled": False, "device-filter": "0x1"}), "chosen")
+
+
+@pytest.mark.parametrize(
+    ("count", "shown"),
+    [
+        ("y" * 38, "'" + "y" * 38 + "'"),  # 40 characters: shown whole
+        (10**40, "1" + "0" * 39 + "... (41 characters)"),  # 41 characters: cut
+        (10**40 + 1, "an integer of about 40 digits"),  # too big to print at all
+    ],
+)
+def test_values_in_messages_are_shown_whole_up_to_40_characters(count, shown):
+    with pytest.raises(SpecError) as failure:
+        parse_config(layout({"1g.10gb": count}))
+    assert failure.value.message == f"config[0]: count of 1g.10gb must be an integer from 0 to 999999, got {shown}"
+
+
+@pytest.mark.parametrize(("value", "accepted"), [(0, True), (0xFFFFFFFF, True), (0x100000000, False), (-1, False)])
+def test_device_filter_integers_are_32_bit_pci_ids(value, accepted):
+    config = [{"devices": "all", "mig_enabled": False, "device_filter": [value]}]
+    if accepted:
+        assert parse_config(config)[0].device_filter == (DeviceId(value),)
+        return
+    with pytest.raises(SpecError) as failure:
+        parse_config(config)
+    assert failure.value.message == f"config[0]: {PCI_HINT}(with the subsystem ID), got {value}"
