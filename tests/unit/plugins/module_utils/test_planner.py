@@ -329,3 +329,20 @@ def test_plan_lists_the_layout_before_by_start_and_names_entry_and_gpu_in_refusa
     assert failure.value.message == (
         "config[2]: GPU 3 (NVIDIA H100 80GB HBM3): 8 x 1g.10gb requested, at most 7 fit on one GPU"
     )
+
+
+def test_enabling_mig_plans_every_instance_and_destroys_nothing_nvml_still_lists():
+    # MIG off now: instances NVML may still list vanish with the mode change; the whole layout is created.
+    stale = GpuState(3, "GPU-x", "NVIDIA H100 80GB HBM3", False, False, [_inst(1, "7g.80gb", 0)], gpu_pids=(5,))
+    plan = plan_gpu(stale, GpuTarget(True, {"3g.40gb": 2}, 0), H100, force=True)
+    assert plan.set_mode and plan.destroy == [] and plan.gpu_pids == (5,)
+    assert plan.create == [Slot("3g.40gb", 0, 4), Slot("3g.40gb", 4, 4)] == plan.after
+    off = plan_gpu(stale, GpuTarget(False, {}, 0), H100, force=True)
+    assert off.destroy == [] and not off.changed
+
+
+def test_a_pending_mode_change_the_other_way_is_overridden():
+    # MIG is on, but a disable is pending (active at the next reset): wanting MIG on must set the mode again.
+    state = GpuState(3, "GPU-x", "NVIDIA H100 80GB HBM3", True, False, [_inst(1, "7g.80gb", 0)])
+    plan = plan_gpu(state, GpuTarget(True, {"7g.80gb": 1}, 0), H100, force=False)
+    assert plan.set_mode and plan.destroy == [] and plan.create == []
