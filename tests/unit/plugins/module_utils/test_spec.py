@@ -487,3 +487,35 @@ def test_device_filter_integers_are_32_bit_pci_ids(value, accepted):
     with pytest.raises(SpecError) as failure:
         parse_config(config)
     assert failure.value.message == f"config[0]: {PCI_HINT}(with the subsystem ID), got {value}"
+
+
+@pytest.mark.parametrize(
+    ("spelling", "value"),
+    [("true", True), ("Yes", True), ("ON", True), ("False", False), ("no", False), ("OFF", False), (True, True)],
+)
+def test_mig_enabled_takes_yaml_boolean_spellings(spelling, value):
+    assert parse_config([{"devices": "all", "mig_enabled": spelling}])[0].mig_enabled is value
+
+
+@pytest.mark.parametrize(
+    ("count", "message"),
+    [
+        (999_999, None),
+        (-999_999, "count of 1g.10gb must be >= 0, got -999999"),
+        (1_000_000, "count of 1g.10gb must be an integer from 0 to 999999, got 1000000"),
+        (-1_000_000, "count of 1g.10gb must be an integer from 0 to 999999, got -1000000"),
+    ],
+)
+def test_counts_are_bounded_to_six_digits(count, message):
+    if message is None:
+        assert parse_config(layout({"1g.10gb": count}))[0].mig_devices == {"1g.10gb": count}
+        return
+    with pytest.raises(SpecError) as failure:
+        parse_config(layout({"1g.10gb": count}))
+    assert failure.value.message == f"config[0]: {message}"
+
+
+def test_a_gpu_without_mig_does_not_stop_selection_of_the_gpus_after_it():
+    host = [GpuSelectable(0, 0x27B810DE, mig_capable=False), GpuSelectable(1, H100_ID), GpuSelectable(2, H100_ID)]
+    targets = targets_for_gpus(parse_config(layout({"3g.40gb": 2})), host)
+    assert targets == {1: GpuTarget(True, {"3g.40gb": 2}, 0), 2: GpuTarget(True, {"3g.40gb": 2}, 0)}
