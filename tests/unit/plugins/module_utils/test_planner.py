@@ -346,3 +346,29 @@ def test_a_pending_mode_change_the_other_way_is_overridden():
     state = GpuState(3, "GPU-x", "NVIDIA H100 80GB HBM3", True, False, [_inst(1, "7g.80gb", 0)])
     plan = plan_gpu(state, GpuTarget(True, {"7g.80gb": 1}, 0), H100, force=False)
     assert plan.set_mode and plan.destroy == [] and plan.create == []
+
+
+@pytest.mark.parametrize(
+    ("wanted", "expected"),
+    [
+        # Larger placements go first, so they take the low slots.
+        ({"1g.10gb": 1, "3g.40gb": 1}, [Slot("3g.40gb", 0, 4), Slot("1g.10gb", 4, 1)]),
+        # Same placement size: more compute slices first.
+        ({"1g.20gb": 1, "2g.20gb": 1}, [Slot("2g.20gb", 0, 2), Slot("1g.20gb", 2, 2)]),
+    ],
+)
+def test_search_places_larger_profiles_in_the_low_slots(wanted, expected):
+    assert search_placement(wanted, H100) == expected
+
+
+def test_compute_slices_of_kept_instances_count_against_the_new_ones():
+    # A GPU where compute, not memory, is the limit: 4 compute slices, 8 memory slices.
+    tight = Catalog(
+        [
+            ProfileInfo(0, 1, "1g.10gb", 1, 8, 10, tuple((start, 1) for start in range(8))),
+            ProfileInfo(1, 2, "4g.40gb", 4, 1, 40, ((0, 4),)),
+        ]
+    )
+    kept = [Slot("1g.10gb", 0, 1), Slot("1g.10gb", 1, 1), Slot("1g.10gb", 2, 1)]
+    assert search_placement({"1g.10gb": 1}, tight, kept) == [Slot("1g.10gb", 3, 1)]
+    assert search_placement({"1g.10gb": 2}, tight, kept) is None  # 3 kept + 2 new = 5 compute slices > 4
