@@ -14,10 +14,12 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.planner import (
     Instance,
     ProfileInfo,
     Slot,
+    describe_counts,
     plan_gpu,
     search_placement,
     validate_target,
 )
+from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import H100_80GB
 from ansible_collections.gpufleet.mig.plugins.module_utils.spec import GpuTarget
 
 
@@ -216,8 +218,11 @@ def test_random_transitions_destroy_the_brute_force_minimum(seed):
 
 
 def test_h100_catalog_has_the_driver_profile_ids_and_placements():
-    # H100 80GB: the GI profile IDs and placements (start:size, 8 memory slices) NVML reports.
-    listed = {p["name"]: p for p in H100.as_dict()}
+    # H100 80GB: the GI profile IDs and placements (start:size, 8 memory slices) NVML reports. Built here, not
+    # at import, so that the test runs Catalog.from_table itself.
+    h100 = Catalog.from_table(H100_80GB)
+    listed = {p["name"]: p for p in h100.as_dict()}
+    row = next(r for r in H100_80GB.profiles if r.name == "3g.40gb")
     assert list(listed) == ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
     assert {n: p["profile_id"] for n, p in listed.items()} == {
         "1g.10gb": 19, "1g.10gb+me": 20, "1g.20gb": 15, "2g.20gb": 14, "3g.40gb": 9, "4g.40gb": 5, "7g.80gb": 0,
@@ -231,15 +236,17 @@ def test_h100_catalog_has_the_driver_profile_ids_and_placements():
     assert listed["3g.40gb"] == {
         "name": "3g.40gb",
         "profile_id": 9,
-        "profile_enum": H100.by_name["3g.40gb"].enum,
+        "profile_enum": row.enum,
         "compute_slices": 3,
         "max_instances": 2,
-        "memory_mib": H100.by_name["3g.40gb"].memory_mib,
+        "memory_mib": row.memory_mib,
         "placements": [{"start": 0, "size": 4}, {"start": 4, "size": 4}],
     }
     assert listed["1g.10gb"]["max_instances"] == 7 and listed["7g.80gb"]["compute_slices"] == 7
-    assert (H100.compute_slices, H100.memory_slices) == (7, 8)
-    assert H100.by_id[9] is H100.by_name["3g.40gb"]
+    assert (h100.compute_slices, h100.memory_slices) == (7, 8)
+    assert h100.by_id[9] is h100.by_name["3g.40gb"]
+    assert describe_counts({"3g.40gb": 2, "1g.10gb": 1}) == "1 x 1g.10gb + 2 x 3g.40gb"
+    assert describe_counts({}) == "no instances"
 
 
 @pytest.mark.parametrize(
