@@ -315,6 +315,10 @@ def test_accepted_spellings_are_normalised():
         (" 1g.10gb", "expected '<number>g', got ' 1g'"),
         ("1g", "expected [<C>c.]<G>g.<GB>gb"),
         ("a.1g.10gb", "expected '<number>c', got 'a'"),
+        # The name splits at the first '+' or '-' and into at most three dotted fields, as go-nvlib does.
+        ("1g.10gb+me+gfx", "attribute 'me+gfx' has characters other than letters, digits and dots"),
+        ("1g.10gb-me-gfx", "attribute 'me-gfx' has characters other than letters, digits and dots"),
+        ("1c.1g.10gb.5", "expected '<number>gb', got '10gb.5'"),
     ],
 )
 def test_profile_name_refusals_say_what_is_wrong(name, message):
