@@ -379,3 +379,11 @@ def test_compute_slices_of_kept_instances_count_against_the_new_ones():
     kept = [Slot("1g.10gb", 0, 1), Slot("1g.10gb", 1, 1), Slot("1g.10gb", 2, 1)]
     assert search_placement({"1g.10gb": 1}, tight, kept) == [Slot("1g.10gb", 3, 1)]
     assert search_placement({"1g.10gb": 2}, tight, kept) is None  # 3 kept + 2 new = 5 compute slices > 4
+
+
+def test_the_busy_instance_is_found_after_idle_ones_of_equal_score():
+    # One 1g.20gb can stay; the first two candidates are idle and tie, the busy one comes last and must win.
+    state = _state([_inst(1, "1g.20gb", 0), _inst(2, "1g.20gb", 2), _inst(3, "1g.20gb", 4, pids=[4242])])
+    plan = plan_gpu(state, GpuTarget(True, {"1g.20gb": 1, "3g.40gb": 1}, 0), H100, force=False)
+    assert [i.gi_id for i in plan.destroy] == [1, 2]
+    assert plan.create == [Slot("3g.40gb", 0, 4)]
