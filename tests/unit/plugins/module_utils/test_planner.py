@@ -387,3 +387,12 @@ def test_the_busy_instance_is_found_after_idle_ones_of_equal_score():
     plan = plan_gpu(state, GpuTarget(True, {"1g.20gb": 1, "3g.40gb": 1}, 0), H100, force=False)
     assert [i.gi_id for i in plan.destroy] == [1, 2]
     assert plan.create == [Slot("3g.40gb", 0, 4)]
+
+
+def test_keeping_a_busy_instance_beats_keeping_more_idle_ones():
+    # Keeping both idle instances (2g.20gb@0, 1g.20gb@2) would put 3g.40gb at 4 over the busy 2g.20gb; keeping the
+    # busy one alone costs one more destroyed instance but leaves the running job untouched.
+    state = _state([_inst(1, "2g.20gb", 0), _inst(2, "1g.20gb", 2), _inst(3, "2g.20gb", 4, pids=[4242])])
+    plan = plan_gpu(state, GpuTarget(True, {"1g.20gb": 1, "3g.40gb": 1, "2g.20gb": 1}, 0), H100, force=False)
+    assert [i.gi_id for i in plan.destroy] == [1, 2]
+    assert [(s.profile, s.start) for s in plan.after] == [("3g.40gb", 0), ("2g.20gb", 4), ("1g.20gb", 6)]
