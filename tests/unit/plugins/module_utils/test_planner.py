@@ -396,3 +396,11 @@ def test_keeping_a_busy_instance_beats_keeping_more_idle_ones():
     plan = plan_gpu(state, GpuTarget(True, {"1g.20gb": 1, "3g.40gb": 1, "2g.20gb": 1}, 0), H100, force=False)
     assert [i.gi_id for i in plan.destroy] == [1, 2]
     assert [(s.profile, s.start) for s in plan.after] == [("3g.40gb", 0), ("2g.20gb", 4), ("1g.20gb", 6)]
+
+
+def test_when_not_every_busy_instance_can_stay_one_is_kept_and_the_other_refused():
+    state = _state([_inst(1, "1g.20gb", 0, pids=[11]), _inst(2, "1g.20gb", 2, pids=[22])])
+    target = GpuTarget(True, {"1g.20gb": 1, "3g.40gb": 1}, 0)
+    with pytest.raises(BusyInstanceError, match=r"instance 1g.20gb at slice 2 \(GPU instance 2\).*PIDs 22"):
+        plan_gpu(state, target, H100, force=False)
+    assert [i.gi_id for i in plan_gpu(state, target, H100, force=True).destroy] == [2]
