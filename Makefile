@@ -147,9 +147,10 @@ bench-mig: venv collection-link
 
 # Mutation testing of the core (planner, runner, spec; the extender's scoring, pods, wire, snapshot): prints the
 # killed share per file and writes the survivors to build/mutation/survivors.txt. Tens of minutes on two cores, so
-# not part of `make test`; tests/mutation/run_mutation.py --suite extender runs one half.
+# not part of `make test`; tests/mutation/run_mutation.py --suite extender runs one half, and
+# `make mutation FILE=wire.py` one file with its own tests (minutes; survivors in build/mutation/survivors-wire.txt).
 mutation: venv collection-link
-	python tests/mutation/run_mutation.py
+	python tests/mutation/run_mutation.py $(if $(FILE),--file $(FILE))
 
 # The MIG layout advisor on the Hong Kong pools: demand served, instances changed, time; exits 1 if an allocated
 # instance is destroyed or a changed GPU destroys more than the brute-force minimum.

@@ -263,10 +263,13 @@ def choose_kept(current: list[Instance], wanted: dict[str, int], catalog: Catalo
     128 placement searches of a few dozen nodes each.
     """
     candidates = [i for i in current if i.complete and i.profile in wanted]
+    most_busy = sum(1 for i in candidates if i.pids)
     best: tuple[tuple[int, int], list[Instance], list[Slot]] | None = None
     for size in range(len(candidates), -1, -1):
-        if best is not None and best[0][1] > size:
-            break  # a larger kept set was found; smaller sets cannot beat it on the total
+        if best is not None and best[0][1] > size and best[0][0] == most_busy:
+            # A larger kept set with every busy candidate was found: smaller sets cannot beat it. Without every busy
+            # one, a smaller set may still keep more busy instances (busy first), so the search goes on.
+            break
         for subset in combinations(candidates, size):
             kept_counts = Counter(i.profile for i in subset)
             if any(kept_counts[n] > wanted[n] for n in kept_counts):

@@ -13,6 +13,11 @@ Survivors (with their diffs) are written to build/mutation/survivors.txt. The fi
 this takes tens of minutes on two cores, so it is its own target, outside `make test`.
 
     python tests/mutation/run_mutation.py [--suite collection|extender] [--jobs 2] [--report-only]
+    python tests/mutation/run_mutation.py --file wire.py   # one file, with only the tests written for it
+
+With --file, mutmut mutates that file alone and runs the tests listed for it in its suite's `tests_by_file` (its
+mirrored test file and the few others that exercise it directly) in a scratch copy of its own, so that the stats
+collection (one traced run of the selected tests) and the mutants of one file take minutes, not the whole suite.
 """
 
 from __future__ import annotations
@@ -41,21 +46,30 @@ class Suite:
     tests: tuple[str, ...]  # test files inside the scratch copy (mutmut picks, per mutant, those that reach it)
     copies: tuple[tuple[str, str], ...]  # (path in the repo, path in the scratch copy)
     pytest_args: tuple[str, ...] = ()
+    tests_by_file: tuple[tuple[str, tuple[str, ...]], ...] = ()  # file name -> its own tests, for --file
 
+    def narrowed(self, name: str) -> Suite:
+        """This suite for one of its files (by name, e.g. `wire.py`), with the tests written for that file."""
+        path = next(path for path in self.files if Path(path).name == name)
+        tests = dict(self.tests_by_file)[name]
+        return Suite(
+            f"{self.name}.{Path(name).stem}", (path,), tests, self.copies, self.pytest_args, self.tests_by_file
+        )
+
+
+UNIT = f"{COLLECTION}/tests/unit/plugins"
 
 SUITES = {
     "collection": Suite(
         "collection",
         tuple(f"{COLLECTION}/plugins/module_utils/{name}.py" for name in ("spec", "planner", "runner")),
-        tuple(
-            f"{COLLECTION}/tests/unit/plugins/{name}.py"
-            for name in (
-                "test_spec",
-                "test_planner",
-                "test_runner",
-                "test_bench_mig",
-                "test_layout",
-            )
+        (
+            f"{UNIT}/module_utils/test_spec.py",
+            f"{UNIT}/module_utils/test_planner.py",
+            f"{UNIT}/module_utils/test_runner.py",
+            f"{UNIT}/module_utils/test_layout.py",
+            f"{UNIT}/test_bench_mig.py",
+            f"{UNIT}/modules/test_nvidia_mig.py",
         ),
         (
             ("plugins", f"{COLLECTION}/plugins"),
@@ -66,7 +80,15 @@ SUITES = {
         ),
         # The exhaustive search-vs-brute-force test takes 20-40 s a run; per mutant that is hours on two cores.
         # The random transitions and bench-mig tests check the same search against the same brute force.
-        ("-k", "not brute_force_on_every_request"),
+        # The module's end-to-end test starts ansible-playbook (seconds a run); the module tests beside it call the
+        # same code in-process.
+        ("-k", "not brute_force_on_every_request and not ansible_cli_end_to_end"),
+        (
+            ("spec.py", (f"{UNIT}/module_utils/test_spec.py",)),
+            ("planner.py", (f"{UNIT}/module_utils/test_planner.py",)),
+            # The module's tests drive the runner through every apply path (resets, pending modes, failures).
+            ("runner.py", (f"{UNIT}/module_utils/test_runner.py", f"{UNIT}/modules/test_nvidia_mig.py")),
+        ),
     ),
     "extender": Suite(
         "extender",
@@ -88,6 +110,12 @@ SUITES = {
         ),
         (("extender/src", "src"), ("extender/tests", "tests"), ("extender/pyproject.toml", "pyproject.toml")),
         ("-m", "not integration"),
+        (
+            ("scoring.py", ("tests/test_scoring.py", "tests/test_strategies.py")),
+            ("pods.py", ("tests/test_pods.py",)),
+            ("wire.py", ("tests/test_wire.py", "tests/test_pods.py")),
+            ("snapshot.py", ("tests/test_snapshot.py",)),
+        ),
     ),
 }
 
@@ -159,15 +187,27 @@ def main() -> int:
     parser.add_argument("--suite", choices=sorted(SUITES), action="append", help="default: both")
     parser.add_argument("--jobs", type=int, default=2, help="mutants tested at once")
     parser.add_argument("--report-only", action="store_true", help="report the last run again")
+    parser.add_argument(
+        "--file",
+        action="append",
+        choices=sorted(Path(path).name for suite in SUITES.values() for path in suite.files),
+        help="only this file, with its own tests (repeatable); default: every file of the chosen suites",
+    )
     args = parser.parse_args()
     if not MUTMUT.exists():
         print(f"mutmut is not installed next to {sys.executable}: run `make venv`", file=sys.stderr)
         return 2
     equivalent = load_equivalent()
     suites = [SUITES[name] for name in (args.suite or sorted(SUITES))]
+    if args.file:
+        suites = [suite.narrowed(name) for suite in suites for name in args.file if name in dict(suite.tests_by_file)]
     rows = []
     WORK.mkdir(parents=True, exist_ok=True)
-    with open(WORK / "survivors.txt", "w", encoding="utf-8") as survivors_file:
+    # Runs of single files (they may run side by side) keep their survivors apart.
+    survivors = WORK / (
+        "survivors.txt" if not args.file else f"survivors-{'-'.join(Path(f).stem for f in args.file)}.txt"
+    )
+    with open(survivors, "w", encoding="utf-8") as survivors_file:
         for suite in suites:
             scratch = WORK / suite.name
             if not args.report_only:
@@ -187,7 +227,7 @@ def main() -> int:
     killed, total = sum(r[1] for r in rows), sum(r[2] for r in rows)
     print(f"{'all':<{width}}  {killed:>6} / {total:<6} {100.0 * killed / max(total, 1):5.1f} %")
     print(f"{len(equivalent)} equivalent mutants left out (tests/mutation/equivalent.yml)")
-    print(f"survivors and their diffs: {WORK / 'survivors.txt'}")
+    print(f"survivors and their diffs: {survivors}")
     return 0
 
 

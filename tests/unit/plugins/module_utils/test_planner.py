@@ -14,10 +14,12 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.planner import (
     Instance,
     ProfileInfo,
     Slot,
+    describe_counts,
     plan_gpu,
     search_placement,
     validate_target,
 )
+from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import H100_80GB
 from ansible_collections.gpufleet.mig.plugins.module_utils.spec import GpuTarget
 
 
@@ -213,3 +215,192 @@ def test_random_transitions_destroy_the_brute_force_minimum(seed):
         minimum = bench.minimum_destroyed([(i.profile, i.start) for i in current], target, H100)
         assert len(plan.destroy) == minimum, (chosen, target)
         assert _is_valid(plan.after, target, H100)
+
+
+def test_h100_catalog_has_the_driver_profile_ids_and_placements():
+    # H100 80GB: the GI profile IDs and placements (start:size, 8 memory slices) NVML reports. Built here, not
+    # at import, so that the test runs Catalog.from_table itself.
+    h100 = Catalog.from_table(H100_80GB)
+    listed = {p["name"]: p for p in h100.as_dict()}
+    row = next(r for r in H100_80GB.profiles if r.name == "3g.40gb")
+    assert list(listed) == ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+    assert {n: p["profile_id"] for n, p in listed.items()} == {
+        "1g.10gb": 19, "1g.10gb+me": 20, "1g.20gb": 15, "2g.20gb": 14, "3g.40gb": 9, "4g.40gb": 5, "7g.80gb": 0,
+    }  # fmt: skip
+    placements = {n: [(s["start"], s["size"]) for s in p["placements"]] for n, p in listed.items()}
+    assert placements["1g.10gb"] == [(start, 1) for start in range(7)]
+    assert placements["1g.20gb"] == [(0, 2), (2, 2), (4, 2), (6, 2)]
+    assert placements["2g.20gb"] == [(0, 2), (2, 2), (4, 2)]
+    assert placements["3g.40gb"] == [(0, 4), (4, 4)]
+    assert placements["4g.40gb"] == [(0, 4)] and placements["7g.80gb"] == [(0, 8)]
+    assert listed["3g.40gb"] == {
+        "name": "3g.40gb",
+        "profile_id": 9,
+        "profile_enum": row.enum,
+        "compute_slices": 3,
+        "max_instances": 2,
+        "memory_mib": row.memory_mib,
+        "placements": [{"start": 0, "size": 4}, {"start": 4, "size": 4}],
+    }
+    assert listed["1g.10gb"]["max_instances"] == 7 and listed["7g.80gb"]["compute_slices"] == 7
+    assert (h100.compute_slices, h100.memory_slices) == (7, 8)
+    assert h100.by_id[9] is h100.by_name["3g.40gb"]
+    assert describe_counts({"3g.40gb": 2, "1g.10gb": 1}) == "1 x 1g.10gb + 2 x 3g.40gb"
+    assert describe_counts({}) == "no instances"
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (
+            {"1c.3g.40gb": 1, "1c.2g.20gb": 1, "9g.90gb": 1},
+            "1c.2g.20gb, 1c.3g.40gb: compute-instance profiles smaller than their GPU instance are not supported "
+            "(nvidia_mig creates one compute instance spanning each GPU instance); use the <G>g.<GB>gb form",
+        ),
+        (
+            {"9g.90gb": 1, "8g.1gb": 2, "bogus": 1},
+            "unknown MIG profile(s) 8g.1gb, 9g.90gb, bogus for this GPU; valid profiles: 1g.10gb, 1g.10gb+me, "
+            "1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb",
+        ),
+        ({"1g.10gb+me": 2}, "2 x 1g.10gb+me requested, at most 1 fit on one GPU"),
+        ({"1g.10gb": 8}, "8 x 1g.10gb requested, at most 7 fit on one GPU"),
+        (
+            {"4g.40gb": 1, "1g.10gb": 4},
+            "the layout needs 8 compute slices (4 x 1g.10gb + 1 x 4g.40gb), the GPU has 7",
+        ),
+        (
+            {"3g.40gb": 2, "1g.10gb": 1},
+            "the layout needs 9 memory slices (1 x 1g.10gb + 2 x 3g.40gb), the GPU has 8",
+        ),
+    ],
+)
+def test_validate_target_refusals_name_the_constraint_word_for_word(target, message):
+    with pytest.raises(SpecError) as failure:
+        validate_target(target, H100, "GPU 0")
+    assert failure.value.message == f"GPU 0: {message}"
+
+
+def test_a_layout_at_the_limits_is_valid():
+    assert validate_target({"1g.10gb": 7}, H100, "GPU 0") == [Slot("1g.10gb", s, 1) for s in range(7)]
+    assert validate_target({"4g.40gb": 1, "3g.40gb": 1}, H100, "GPU 0") == [
+        Slot("4g.40gb", 0, 4),
+        Slot("3g.40gb", 4, 4),
+    ]
+
+
+def test_busy_refusal_lists_every_busy_instance_and_processes_outside_instances():
+    state = GpuState(
+        2, "GPU-u", "NVIDIA H100 80GB HBM3", True, True,
+        [Instance(4, "3g.40gb", 4, 4, (11, 12), uuid="MIG-abc"), Instance(5, "3g.40gb", 0, 4, (13,))],
+    )  # fmt: skip
+    with pytest.raises(BusyInstanceError) as failure:
+        plan_gpu(state, GpuTarget(True, {"7g.80gb": 1}, 0), H100, force=False)
+    assert failure.value.message == (
+        "GPU 2: instance 3g.40gb at slice 0 (GPU instance 5) has running processes (PIDs 13); "
+        "GPU 2: instance 3g.40gb at slice 4 (GPU instance 4, MIG-abc) has running processes (PIDs 11, 12); "
+        "stop them or set force=true"
+    )
+    off = GpuState(2, "GPU-u", "NVIDIA H100 80GB HBM3", False, False, [], gpu_pids=(77, 88))
+    with pytest.raises(BusyInstanceError) as failure:
+        plan_gpu(off, GpuTarget(True, {"7g.80gb": 1}, 0), H100, force=False)
+    assert failure.value.message == (
+        "GPU 2: MIG mode must change but processes run on the GPU (PIDs 77, 88); stop them or set force=true"
+    )
+    # Processes outside instances only matter when the mode changes.
+    on = GpuState(2, "GPU-u", "NVIDIA H100 80GB HBM3", True, True, [], gpu_pids=(77,))
+    assert [a["op"] for a in plan_gpu(on, GpuTarget(True, {"7g.80gb": 1}, 0), H100, force=False).actions()] == [
+        "create"
+    ]
+
+
+def test_an_empty_catalog_has_no_slices():
+    # What read_catalog gives for a GPU without MIG profiles when MIG is not wanted on it.
+    empty = Catalog([])
+    assert (empty.names(), empty.compute_slices, empty.memory_slices, empty.by_id) == ([], 0, 0, {})
+
+
+def test_instances_of_a_profile_wanted_fewer_times_do_not_end_the_search():
+    # Keeping both 1g.10gb is over the count; keeping one of them with the 2g.20gb is the best choice.
+    state = _state([_inst(1, "1g.10gb", 0), _inst(2, "1g.10gb", 1), _inst(3, "2g.20gb", 2)])
+    plan = plan_gpu(state, GpuTarget(True, {"1g.10gb": 1, "2g.20gb": 1}, 0), H100, force=False)
+    assert [i.gi_id for i in plan.destroy] == [2]
+    assert plan.create == []
+
+
+def test_plan_lists_the_layout_before_by_start_and_names_entry_and_gpu_in_refusals():
+    state = _state([_inst(2, "3g.40gb", 4), _inst(1, "1g.10gb", 0)])
+    plan = plan_gpu(state, GpuTarget(True, {"3g.40gb": 1, "1g.10gb": 1}, 0), H100, force=False)
+    assert plan.before == [Slot("1g.10gb", 0, 1), Slot("3g.40gb", 4, 4)] and not plan.changed
+    with pytest.raises(SpecError) as failure:
+        plan_gpu(state, GpuTarget(True, {"1g.10gb": 8}, 2), H100, force=False)
+    assert failure.value.message == (
+        "config[2]: GPU 3 (NVIDIA H100 80GB HBM3): 8 x 1g.10gb requested, at most 7 fit on one GPU"
+    )
+
+
+def test_enabling_mig_plans_every_instance_and_destroys_nothing_nvml_still_lists():
+    # MIG off now: instances NVML may still list vanish with the mode change; the whole layout is created.
+    stale = GpuState(3, "GPU-x", "NVIDIA H100 80GB HBM3", False, False, [_inst(1, "7g.80gb", 0)], gpu_pids=(5,))
+    plan = plan_gpu(stale, GpuTarget(True, {"3g.40gb": 2}, 0), H100, force=True)
+    assert plan.set_mode and plan.destroy == [] and plan.gpu_pids == (5,)
+    assert plan.create == [Slot("3g.40gb", 0, 4), Slot("3g.40gb", 4, 4)] == plan.after
+    off = plan_gpu(stale, GpuTarget(False, {}, 0), H100, force=True)
+    assert off.destroy == [] and not off.changed
+
+
+def test_a_pending_mode_change_the_other_way_is_overridden():
+    # MIG is on, but a disable is pending (active at the next reset): wanting MIG on must set the mode again.
+    state = GpuState(3, "GPU-x", "NVIDIA H100 80GB HBM3", True, False, [_inst(1, "7g.80gb", 0)])
+    plan = plan_gpu(state, GpuTarget(True, {"7g.80gb": 1}, 0), H100, force=False)
+    assert plan.set_mode and plan.destroy == [] and plan.create == []
+
+
+@pytest.mark.parametrize(
+    ("wanted", "expected"),
+    [
+        # Larger placements go first, so they take the low slots.
+        ({"1g.10gb": 1, "3g.40gb": 1}, [Slot("3g.40gb", 0, 4), Slot("1g.10gb", 4, 1)]),
+        # Same placement size: more compute slices first.
+        ({"1g.20gb": 1, "2g.20gb": 1}, [Slot("2g.20gb", 0, 2), Slot("1g.20gb", 2, 2)]),
+    ],
+)
+def test_search_places_larger_profiles_in_the_low_slots(wanted, expected):
+    assert search_placement(wanted, H100) == expected
+
+
+def test_compute_slices_of_kept_instances_count_against_the_new_ones():
+    # A GPU where compute, not memory, is the limit: 4 compute slices, 8 memory slices.
+    tight = Catalog(
+        [
+            ProfileInfo(0, 1, "1g.10gb", 1, 8, 10, tuple((start, 1) for start in range(8))),
+            ProfileInfo(1, 2, "4g.40gb", 4, 1, 40, ((0, 4),)),
+        ]
+    )
+    kept = [Slot("1g.10gb", 0, 1), Slot("1g.10gb", 1, 1), Slot("1g.10gb", 2, 1)]
+    assert search_placement({"1g.10gb": 1}, tight, kept) == [Slot("1g.10gb", 3, 1)]
+    assert search_placement({"1g.10gb": 2}, tight, kept) is None  # 3 kept + 2 new = 5 compute slices > 4
+
+
+def test_the_busy_instance_is_found_after_idle_ones_of_equal_score():
+    # One 1g.20gb can stay; the first two candidates are idle and tie, the busy one comes last and must win.
+    state = _state([_inst(1, "1g.20gb", 0), _inst(2, "1g.20gb", 2), _inst(3, "1g.20gb", 4, pids=[4242])])
+    plan = plan_gpu(state, GpuTarget(True, {"1g.20gb": 1, "3g.40gb": 1}, 0), H100, force=False)
+    assert [i.gi_id for i in plan.destroy] == [1, 2]
+    assert plan.create == [Slot("3g.40gb", 0, 4)]
+
+
+def test_keeping_a_busy_instance_beats_keeping_more_idle_ones():
+    # Keeping both idle instances (2g.20gb@0, 1g.20gb@2) would put 3g.40gb at 4 over the busy 2g.20gb; keeping the
+    # busy one alone costs one more destroyed instance but leaves the running job untouched.
+    state = _state([_inst(1, "2g.20gb", 0), _inst(2, "1g.20gb", 2), _inst(3, "2g.20gb", 4, pids=[4242])])
+    plan = plan_gpu(state, GpuTarget(True, {"1g.20gb": 1, "3g.40gb": 1, "2g.20gb": 1}, 0), H100, force=False)
+    assert [i.gi_id for i in plan.destroy] == [1, 2]
+    assert [(s.profile, s.start) for s in plan.after] == [("3g.40gb", 0), ("2g.20gb", 4), ("1g.20gb", 6)]
+
+
+def test_when_not_every_busy_instance_can_stay_one_is_kept_and_the_other_refused():
+    state = _state([_inst(1, "1g.20gb", 0, pids=[11]), _inst(2, "1g.20gb", 2, pids=[22])])
+    target = GpuTarget(True, {"1g.20gb": 1, "3g.40gb": 1}, 0)
+    with pytest.raises(BusyInstanceError, match=r"instance 1g.20gb at slice 2 \(GPU instance 2\).*PIDs 22"):
+        plan_gpu(state, target, H100, force=False)
+    assert [i.gi_id for i in plan_gpu(state, target, H100, force=True).destroy] == [2]

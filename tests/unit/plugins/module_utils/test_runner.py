@@ -55,3 +55,55 @@ def test_nvml_failures_mid_apply_report_progress_and_converge(tmp_path, call, er
     rerun = runner.apply(SimulatedNvml(sim.path), target)
     assert rerun["gpus"][0]["actions"] == [] and rerun["gpus"][1]["actions"]
     assert not runner.apply(SimulatedNvml(sim.path), target)["changed"]
+
+
+def test_failure_at_the_first_step_says_nothing_was_done_and_the_failed_gpu_is_not_completed(tmp_path):
+    sim = new_sim(tmp_path, gpus=3)
+    runner.apply(sim, layout({"1g.10gb": 7}))
+    SimulatedNvml(sim.path).add_fault("nvmlComputeInstanceDestroy", "UNKNOWN", gpu=0)
+    with pytest.raises(ApplyError) as failure:
+        runner.apply(SimulatedNvml(sim.path), layout({"7g.80gb": 1}))
+    uuid = failure.value.results[0]["uuid"]
+    assert failure.value.message == (
+        f"GPU 0 ({uuid}): nvmlComputeInstanceDestroy failed: NVML_ERROR_UNKNOWN (999): injected by the simulator; "
+        "already done on GPU 0: nothing; "
+        "GPUs not attempted: 1, 2; rerun to converge"
+    )
+    # Later in the same GPU: its own finished steps are listed, and it is not among the GPUs completed before it.
+    (tmp_path / "second").mkdir()
+    sim2 = new_sim(tmp_path / "second", gpus=2)
+    runner.apply(sim2, layout({"1g.10gb": 7}))
+    SimulatedNvml(sim2.path).add_fault("nvmlDeviceCreateGpuInstanceWithPlacement", "UNKNOWN", gpu=1)
+    with pytest.raises(ApplyError) as failure:
+        runner.apply(SimulatedNvml(sim2.path), layout({"7g.80gb": 1}))
+    message = failure.value.message
+    assert "; already done on GPU 1: destroy 1g.10gb@0, destroy 1g.10gb@1," in message
+    assert "; GPUs completed before it: 0; rerun to converge" in message
+
+
+def test_a_gpu_that_cannot_be_reset_says_why_in_the_progress_and_waits_for_a_reboot(tmp_path):
+    sim = new_sim(tmp_path, gpus=1)
+    sim.state["gpus"][0]["reset_supported"] = False
+    sim._save()
+    sim.add_process(0, pid=4242)
+    said = []
+    result = runner.apply(SimulatedNvml(sim.path), layout({"3g.40gb": 2}), force=True, progress=said.append)
+    gpu = result["gpus"][0]
+    assert result["reboot_required"] and gpu["mig_mode_pending"] and not gpu["reset"]
+    assert said == [
+        "GPU 0: enable_mig",
+        f"GPU 0: reset not possible here ({gpu['reset_error']})",
+        "GPU 0: MIG mode change pending until the GPU is reset or the host reboots",
+    ]
+    assert "NVML_ERROR_NOT_SUPPORTED" in gpu["reset_error"]
+
+
+def test_a_reset_that_activates_the_mode_is_a_step_and_the_instances_follow(tmp_path):
+    sim = new_sim(tmp_path, gpus=1)
+    sim.add_fault("nvmlDeviceSetMigMode", "IN_USE", gpu=0, as_status=True)
+    said = []
+    result = runner.apply(SimulatedNvml(sim.path), layout({"3g.40gb": 2}), progress=said.append)
+    gpu = result["gpus"][0]
+    assert gpu["reset"] and not gpu["mig_mode_pending"] and not result["reboot_required"]
+    assert [step["op"] for step in gpu["done"]] == ["enable_mig", "reset", "create", "create"]
+    assert said == ["GPU 0: enable_mig", "GPU 0: reset", "GPU 0: create 3g.40gb@0", "GPU 0: create 3g.40gb@4"]
