@@ -127,7 +127,29 @@ def load_state(path: str) -> dict[str, Any]:
         )
     if not isinstance(state.get("gpus"), list):
         raise SimulatorStateError(f"simulator state {path}: 'gpus' must be a list")
+    for gpu in state["gpus"]:
+        if isinstance(gpu, dict):
+            _renumber_gpu_instances(gpu)
     return state
+
+
+def _renumber_gpu_instances(gpu: dict[str, Any]) -> None:
+    """Give each GPU instance its placement's id, and its processes with it: state files written before the
+    simulator followed the driver's numbering hold ids in creation order, which a new instance's id can collide
+    with (a fleet like the lab's keeps its state across upgrades)."""
+    renumbered = {}
+    for gi in gpu.get("gpu_instances") or []:
+        if not isinstance(gi, dict) or not {"id", "start", "size"} <= gi.keys():
+            continue  # left for the checks that read it to report
+        placed = gpu_instance_id(gi["start"], gi["size"])
+        if gi["id"] != placed:
+            renumbered[gi["id"]] = placed
+            gi["id"] = placed
+    if not renumbered:
+        return
+    for process in gpu.get("processes") or []:
+        if isinstance(process, dict) and process.get("gpu_instance_id") in renumbered:
+            process["gpu_instance_id"] = renumbered[process["gpu_instance_id"]]
 
 
 def _error(call: str, name: str, detail: str = "") -> NvmlError:

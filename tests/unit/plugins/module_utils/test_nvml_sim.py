@@ -198,3 +198,28 @@ def test_processes_carry_their_kind_and_may_hide_their_memory(tmp_path):
     ]
     with pytest.raises(ValueError, match="unknown process type"):
         nvml.add_process(0, pid=3, kind="video")
+
+
+def test_a_state_file_numbered_in_creation_order_is_renumbered_by_placement(tmp_path):
+    # A lab written by an older simulator: 7 x 1g.10gb numbered 1..7 in creation order, a process in the one at
+    # slice 0 (old id 1). A 3g.40gb at 4:4 is GPU instance 2, an id the old file gives the 1g.10gb at slice 1.
+    nvml = new_sim(tmp_path, gpus=1)
+    nvml.set_mig_mode(0, True)
+    for start in range(7):
+        nvml.create_compute_instance(0, nvml.create_gpu_instance(0, 19, start, 1), 1)
+    nvml.add_process(0, 4242, gi_id=7)
+    state = json.loads(Path(nvml.path).read_text())
+    for gi in state["gpus"][0]["gpu_instances"]:
+        gi["id"] = gi["start"] + 1
+    state["gpus"][0]["processes"][0]["gpu_instance_id"] = 1
+    Path(nvml.path).write_text(json.dumps(state))
+
+    nvml = SimulatedNvml(nvml.path)
+    assert sorted((r.start, r.gi_id) for r in nvml.gpu_instances(0, [19])) == [(s, 7 + s) for s in range(7)]
+    assert [(p.pid, p.gi_id) for p in nvml.running_processes(0)] == [(4242, 7)]
+    for gi in (11, 12, 13):  # slices 4..6
+        nvml.destroy_compute_instance(0, gi, 0)
+        nvml.destroy_gpu_instance(0, gi)
+    assert nvml.create_gpu_instance(0, 9, 4, 4) == 2
+    nvml.create_compute_instance(0, 2, 3)  # the lab's failure: "GPU instance 2 has no room" on the old file
+    assert sorted(r.gi_id for r in nvml.gpu_instances(0, [19, 9])) == [2, 7, 8, 9, 10]
