@@ -109,7 +109,6 @@ class GpuState:
     mig_pending: bool
     instances: list[Instance] = field(default_factory=list)
     gpu_pids: tuple[int, ...] = ()  # processes on the GPU outside any MIG instance
-    pci_device_id: int | None = None
 
 
 @dataclass

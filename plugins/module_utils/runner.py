@@ -26,7 +26,7 @@ def _quiet(_message: str) -> None:
     pass
 
 
-def read_catalog(nvml: NvmlInterface, index: int, required: bool = True) -> Catalog:
+def read_catalog(nvml: NvmlInterface, index: int, required: bool) -> Catalog:
     """The GPU-instance profiles NVML reports for this GPU.
 
     Should a driver answer NOT_SUPPORTED for every profile while MIG is still disabled, the catalog of a known product
@@ -72,7 +72,6 @@ def read_gpu(nvml: NvmlInterface, index: int, catalog: Catalog) -> GpuState:
         mig_pending=reading.mig_pending,
         instances=instances,
         gpu_pids=reading.pids_in(None),
-        pci_device_id=reading.identity.pci_device_id,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from _helpers import layout, new_sim
 from ansible_collections.gpufleet.mig.plugins.module_utils import runner
@@ -79,6 +81,14 @@ def test_failure_at_the_first_step_says_nothing_was_done_and_the_failed_gpu_is_n
     message = failure.value.message
     assert "; already done on GPU 1: destroy 1g.10gb@0, destroy 1g.10gb@1," in message
     assert "; GPUs completed before it: 0; rerun to converge" in message
+    # Several GPUs completed before the failing one: listed with ", ".
+    (tmp_path / "third").mkdir()
+    sim3 = new_sim(tmp_path / "third", gpus=3)
+    runner.apply(sim3, layout({"1g.10gb": 7}))
+    SimulatedNvml(sim3.path).add_fault("nvmlDeviceCreateGpuInstanceWithPlacement", "UNKNOWN", gpu=2)
+    with pytest.raises(ApplyError) as failure:
+        runner.apply(SimulatedNvml(sim3.path), layout({"7g.80gb": 1}))
+    assert "; GPUs completed before it: 0, 1; rerun to converge" in failure.value.message
 
 
 def test_a_gpu_that_cannot_be_reset_says_why_in_the_progress_and_waits_for_a_reboot(tmp_path):
@@ -107,3 +117,50 @@ def test_a_reset_that_activates_the_mode_is_a_step_and_the_instances_follow(tmp_
     assert gpu["reset"] and not gpu["mig_mode_pending"] and not result["reboot_required"]
     assert [step["op"] for step in gpu["done"]] == ["enable_mig", "reset", "create", "create"]
     assert said == ["GPU 0: enable_mig", "GPU 0: reset", "GPU 0: create 3g.40gb@0", "GPU 0: create 3g.40gb@4"]
+
+
+def test_an_activation_status_other_than_in_use_or_reset_required_fails_naming_the_status(tmp_path):
+    sim = new_sim(tmp_path, gpus=1)
+    sim.add_fault("nvmlDeviceSetMigMode", "UNKNOWN", gpu=0, as_status=True)
+    with pytest.raises(ApplyError) as failure:
+        runner.apply(SimulatedNvml(sim.path), layout({"3g.40gb": 2}))
+    uuid = failure.value.results[0]["uuid"]
+    assert failure.value.message == (
+        f"GPU 0 ({uuid}): nvmlDeviceSetMigMode (activation status) failed: NVML_ERROR_UNKNOWN (999); "
+        "already done on GPU 0: enable_mig; rerun to converge"
+    )
+    assert failure.value.results[0]["done"] == [{"op": "enable_mig", "activation": "UNKNOWN"}]
+
+
+def test_mode_steps_and_results_name_what_was_done(tmp_path):
+    sim = new_sim(tmp_path, gpus=2)
+    enabled = runner.apply(sim, layout({"3g.40gb": 2}))
+    assert enabled["gpus"][0]["done"][0] == {"op": "enable_mig", "activation": "SUCCESS"}
+    assert enabled["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3" and enabled["disruptive"]
+    disabled = runner.apply(SimulatedNvml(sim.path), [{"devices": [1], "mig_enabled": False}])
+    gpu = next(g for g in disabled["gpus"] if g["index"] == 1)
+    assert [step["op"] for step in gpu["done"]][-1] == "disable_mig"
+    assert gpu["done"][-1]["activation"] == "SUCCESS" and disabled["disruptive"]
+    assert not runner.apply(SimulatedNvml(sim.path), layout({"3g.40gb": 2}, devices=[0]))["disruptive"]
+
+
+class PartialComputeInstanceAtZero(SimulatedNvml):
+    """A driver showing the GPU instance at slice 0 with a 1-slice compute instance (made by hand with nvidia-smi
+    mig -cci; the simulator itself only makes full-size ones)."""
+
+    def gpu_instances(self, index, profile_ids):
+        records = super().gpu_instances(index, profile_ids)
+        return [replace(r, compute_instances=((0, 1),)) if r.start == 0 else r for r in records]
+
+
+def test_read_gpu_counts_an_instance_complete_only_with_one_full_size_compute_instance(tmp_path):
+    sim = new_sim(tmp_path, gpus=1)
+    runner.apply(sim, layout({"3g.40gb": 2}))
+    nvml = PartialComputeInstanceAtZero(sim.path)
+    state = runner.read_gpu(nvml, 0, runner.read_catalog(nvml, 0, required=True))
+    by_start = {instance.start: instance for instance in state.instances}
+    assert (by_start[0].complete, by_start[0].uuid) == (False, None)
+    assert by_start[4].complete and by_start[4].uuid.startswith("MIG-")
+    # The partial one is rebuilt, the complete one kept.
+    result = runner.apply(nvml, layout({"3g.40gb": 2}), check_mode=True)
+    assert [(a["op"], a["start"]) for a in result["gpus"][0]["actions"]] == [("destroy", 0), ("create", 0)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -336,6 +337,8 @@ def test_forced_apply_that_fails_names_every_busy_gpu(sim):
     assert "GPUs not attempted: 1" in result["msg"]
     assert "processes in the way (force): GPU 0: instance 3g.40gb at slice 0" in result["msg"]
     assert "GPU 1: instance 2g.20gb at slice 0 (GPU instance 3" in result["msg"] and "PIDs 202" in result["msg"]
+    # One entry per busy GPU, "; " between them.
+    assert re.search(r"PIDs 101\)[^;]*; GPU 1: instance 2g\.20gb", result["msg"]), result["msg"]
 
 
 def test_gpu_info_reports_what_device_filters_match(sim):
