@@ -101,6 +101,15 @@ def test_geometry_failure_message_with_a_catalog_where_totals_fit():
     )
     with pytest.raises(SpecError, match=r"GPU 9: no valid placement for 2 x 2g.20gb .*2g.20gb at 1/2"):
         validate_target({"2g.20gb": 2}, odd, "GPU 9")
+    # Two profiles whose placements overlap: each one's starts, "; " between them.
+    roomy = Catalog(odd.profiles)
+    roomy.memory_slices = roomy.compute_slices = 8  # totals that fit, placements that still overlap
+    with pytest.raises(SpecError) as refused:
+        validate_target({"2g.20gb": 1, "4g.40gb": 1}, roomy, "GPU 9")
+    assert refused.value.message == (
+        "GPU 9: no valid placement for 1 x 2g.20gb + 1 x 4g.40gb (totals fit, but the possible placements overlap: "
+        "2g.20gb at 1/2; 4g.40gb at 0)"
+    )
 
 
 def _state(instances, mig=True):
