@@ -185,14 +185,19 @@ def test_an_image_digest_pins_both_agents_and_a_bad_one_is_refused(tmp_path):
             ["gpufleet.mig.gpu_device_plugin"], tmp_path / run, extra_vars={"gpu_device_plugin_image_digest": digest}
         )
         objects = by_kind_name(load_manifests(manifests))
+        # Every container of both agents, config-manager's init container and sidecar included (the lab's
+        # inventory time-slices a pool, so they are there).
         images[run] = {
-            name: objects[("DaemonSet", name)]["spec"]["template"]["spec"]["containers"][0]["image"]
+            (name, container["name"]): container["image"]
             for name in ("nvidia-device-plugin", "gpu-feature-discovery")
+            for pod in [objects[("DaemonSet", name)]["spec"]["template"]["spec"]]
+            for container in pod["containers"] + pod.get("initContainers", [])
         }
+    assert len(images["tag"]) >= 4  # both agents, each with config-manager
     tag = "nvcr.io/nvidia/k8s-device-plugin:v0.17.1"
-    assert images["tag"] == {"nvidia-device-plugin": tag, "gpu-feature-discovery": tag}
+    assert set(images["tag"].values()) == {tag}
     pinned = f"{tag}@sha256:{'0123456789abcdef' * 4}"
-    assert images["pinned"] == {"nvidia-device-plugin": pinned, "gpu-feature-discovery": pinned}
+    assert images["pinned"] == dict.fromkeys(images["tag"], pinned)
 
     for bad in ("sha256:" + "0123456789ABCDEF" * 4, "0123456789abcdef" * 4, "sha256:abc"):
         result, manifests = try_render(
