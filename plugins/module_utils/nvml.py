@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -361,25 +362,25 @@ class PynvmlBackend(NvmlInterface):
                 )
         return records
 
-    def mig_devices(self, index: int) -> list[MigDeviceRecord]:
-        handle = self._handle(index)
-        records = []
+    def _mig_handles(self, handle: Any) -> Iterator[Any]:
+        """The handles of the GPU's MIG devices (slots without one answer NOT_FOUND and are skipped)."""
         for i in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
             try:
-                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+                yield self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
             except NvmlError as exc:
-                if exc.code_name == "NOT_FOUND":
-                    continue
-                raise
-            records.append(
-                MigDeviceRecord(
-                    int(self._call("nvmlDeviceGetGpuInstanceId", mig)),
-                    int(self._call("nvmlDeviceGetComputeInstanceId", mig)),
-                    _text(self._call("nvmlDeviceGetUUID", mig)),
-                    int(self._call("nvmlDeviceGetMemoryInfo", mig).total) // _MIB,
-                )
+                if exc.code_name != "NOT_FOUND":
+                    raise
+
+    def mig_devices(self, index: int) -> list[MigDeviceRecord]:
+        return [
+            MigDeviceRecord(
+                int(self._call("nvmlDeviceGetGpuInstanceId", mig)),
+                int(self._call("nvmlDeviceGetComputeInstanceId", mig)),
+                _text(self._call("nvmlDeviceGetUUID", mig)),
+                int(self._call("nvmlDeviceGetMemoryInfo", mig).total) // _MIB,
             )
-        return records
+            for mig in self._mig_handles(self._handle(index))
+        ]
 
     def running_processes(self, index: int) -> list[ProcessRecord]:
         """Compute and graphics processes of the GPU, with the MIG instance each runs in.
@@ -395,13 +396,7 @@ class PynvmlBackend(NvmlInterface):
             if exc.code_name != "NO_PERMISSION" or not self.mig_mode(index)[0]:
                 raise
         found: list[ProcessRecord] = []
-        for i in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", handle))):
-            try:
-                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
-            except NvmlError as exc:
-                if exc.code_name == "NOT_FOUND":
-                    continue
-                raise
+        for mig in self._mig_handles(handle):
             gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", mig))
             ci_id = int(self._call("nvmlDeviceGetComputeInstanceId", mig))
             try:

@@ -206,7 +206,8 @@ def ansible_inventory_command() -> str:
     return found
 
 
-def fleet_from_inventory(inventory: str | Path) -> Fleet:
+def read_inventory(inventory: str | Path) -> dict[str, Any]:
+    """``ansible-inventory --list`` of an inventory (group_vars applied); every problem is one FleetError."""
     path = Path(inventory)
     if not path.exists():
         raise FleetError(f"inventory {path} does not exist (run from the repository root or pass --inventory)")
@@ -226,7 +227,13 @@ def fleet_from_inventory(inventory: str | Path) -> Fleet:
         data = json.loads(completed.stdout)
     except json.JSONDecodeError as exc:
         raise FleetError(f"ansible-inventory -i {path} did not print JSON: {exc}") from None
-    return fleet_from_inventory_data(data, source=str(path))
+    if not isinstance(data, dict):
+        raise FleetError(f"ansible-inventory -i {path} did not print a JSON object")
+    return data
+
+
+def fleet_from_inventory(inventory: str | Path) -> Fleet:
+    return fleet_from_inventory_data(read_inventory(inventory), source=str(inventory))
 
 
 def fleet_from_yaml(path: str | Path) -> Fleet:

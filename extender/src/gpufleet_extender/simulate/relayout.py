@@ -28,7 +28,6 @@ import importlib.util
 import json
 import math
 import random
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +40,7 @@ from gpufleet_extender.mig_utils.exceptions import MigError
 from gpufleet_extender.mig_utils.layout import node_layout
 from gpufleet_extender.mig_utils.planner import Catalog, validate_target
 from gpufleet_extender.mig_utils.profile_tables import H100_80GB
-from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, FleetError, ansible_inventory_command
+from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, FleetError, read_inventory
 
 H100 = Catalog.from_table(H100_80GB)
 HOUR = 3600.0
@@ -132,22 +131,10 @@ def day_trace(
 def inventory_pools(inventory: str | Path = DEFAULT_INVENTORY) -> dict[str, list[Layout]]:
     """Tenant -> per-GPU layouts (exact placements, as nvidia_mig places them on an empty GPU) of every node whose
     GPUs are all MIG-enabled, read with ``ansible-inventory --list`` and expanded by the layout library."""
-    path = Path(inventory)
-    if not path.exists():
-        raise RelayoutError(f"inventory {path} does not exist (run from the repository root or pass --inventory)")
     try:
-        completed = subprocess.run(
-            [ansible_inventory_command(), "-i", str(path), "--list"],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-        )
-        data = json.loads(completed.stdout) if completed.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, FleetError) as exc:
-        raise RelayoutError(f"cannot read inventory {path}: {exc}") from None
-    if data is None:
-        raise RelayoutError(f"ansible-inventory -i {path} failed:\n{completed.stderr.strip()}")
+        data = read_inventory(inventory)
+    except FleetError as exc:
+        raise RelayoutError(str(exc)) from None
     return pools_from_inventory_data(data)
 
 
