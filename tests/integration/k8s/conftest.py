@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO / "extender" / "tests"))  # exposition.py: dcgm-expo
 
 from controlplane import ControlPlane, assets_dir, missing_assets  # noqa: E402
 from scheduling import BindingWatch, node_status, register_node  # noqa: E402
+from support import collections_path  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -196,6 +197,20 @@ def lab_hostvars() -> dict[str, dict]:
         check=True,
     )
     return json.loads(listing.stdout)["_meta"]["hostvars"]
+
+
+def lab_node_resources(hostvars: dict) -> dict[str, str]:
+    """What the device plugin would advertise for a lab host (mixed strategy; its pool's time-sliced resources
+    times their replicas), as the device plugin role expects it after a repartition."""
+    collections_path()
+    from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_resources
+    from ansible_collections.gpufleet.mig.plugins.filter.tenants_model import tenants_sharing
+
+    replicas = tenants_sharing(hostvars.get("gpufleet_tenants"))["tenants"].get(hostvars.get("gpufleet_tenant"))
+    resources = mig_node_resources(
+        hostvars["mig_partition_config"], hostvars["gpufleet_gpus_per_node"], replicas=replicas
+    )
+    return {name: str(count) for name, count in resources.items()}
 
 
 def kubeconfig_for_token(control_plane, token: str, path: Path) -> Path:

@@ -42,8 +42,9 @@ def recap_changed(output: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def apply_role(control_plane, tmp_path_factory):
-    """Run the gpu_extender role in apply mode (tls source auto) with one PKI directory; returns the run's output."""
+def apply_role(control_plane, core, tmp_path_factory):
+    """Run the gpu_extender role in apply mode (tls source auto) with one PKI directory; returns the run's output.
+    Afterwards the extender's Service goes, so that the lab's fixed ClusterIP is free for the other tests."""
     workdir = tmp_path_factory.mktemp("self-signed")
     runs = []
 
@@ -61,7 +62,12 @@ def apply_role(control_plane, tmp_path_factory):
         return result.stdout
 
     run.pki = workdir / "pki"
-    return run
+    yield run
+    try:
+        core.delete_namespaced_service("gpufleet-extender", NAMESPACE)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 def secret_files(core, directory, name: str = "gpufleet-extender-tls") -> dict:

@@ -13,11 +13,11 @@ import json
 import time
 
 import pytest
-from conftest import FakeKubelet, kubeconfig_for_token, lab_hostvars, wait_for
+from conftest import FakeKubelet, kubeconfig_for_token, lab_hostvars, lab_node_resources, wait_for
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
-from support import collections_path, try_render
+from support import try_render
 
 pytestmark = pytest.mark.integration
 
@@ -27,21 +27,12 @@ KEY = "gpufleet.io/tenant"
 SCHEDULER = "gpufleet-test-tenant-scheduler"
 
 
-def node_resources(hostvars: dict) -> dict[str, str]:
-    """What the device plugin would advertise for a lab host's layout (mixed strategy)."""
-    collections_path()
-    from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_resources
-
-    resources = mig_node_resources(hostvars["mig_partition_config"], hostvars["gpufleet_gpus_per_node"])
-    return {name: str(count) for name, count in resources.items()}
-
-
 @pytest.fixture(scope="module")
 def tenants_applied(control_plane, core, tmp_path_factory):
     """The lab's 20 GPU nodes registered, then the tenants role applied to them."""
     hostvars = lab_hostvars()
     gpu_hosts = {host: vars_ for host, vars_ in hostvars.items() if "mig_partition_config" in vars_}
-    kubelet = FakeKubelet(core, {host: node_resources(vars_) for host, vars_ in gpu_hosts.items()}).register()
+    kubelet = FakeKubelet(core, {host: lab_node_resources(vars_) for host, vars_ in gpu_hosts.items()}).register()
     extra = {"gpufleet_k8s_mode": "apply", "gpufleet_kubeconfig": str(control_plane.kubeconfig)}
     result, _ = try_render(["gpufleet.mig.tenants"], tmp_path_factory.mktemp("tenants"), extra_vars=extra)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]

@@ -7,21 +7,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import FakeKubelet, lab_hostvars
+from conftest import FakeKubelet, lab_hostvars, lab_node_resources
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
-from support import collections_path, run_playbook, try_render
+from support import run_playbook, try_render
 
 pytestmark = pytest.mark.integration
-
-
-def node_resources(hostvars: dict) -> dict[str, str]:
-    """What the device plugin would advertise for a lab host's layout (mixed strategy)."""
-    collections_path()
-    from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_resources
-
-    resources = mig_node_resources(hostvars["mig_partition_config"], hostvars["gpufleet_gpus_per_node"])
-    return {name: str(count) for name, count in resources.items()}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +21,7 @@ def lab_nodes(core):
     after-repartition check then finds them right at once)."""
     hostvars = lab_hostvars()
     gpu_hosts = {host: vars_ for host, vars_ in hostvars.items() if "mig_partition_config" in vars_}
-    kubelet = FakeKubelet(core, {host: node_resources(vars_) for host, vars_ in gpu_hosts.items()}).register()
+    kubelet = FakeKubelet(core, {host: lab_node_resources(vars_) for host, vars_ in gpu_hosts.items()}).register()
     yield {host: vars_.get("gpufleet_tenant") for host, vars_ in gpu_hosts.items()}
     kubelet.stop()
 
