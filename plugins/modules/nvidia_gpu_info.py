@@ -106,7 +106,7 @@ gpus:
         - Compute and graphics processes on the GPU; C(gpu_instance_id) is null outside MIG instances.
         - C(type) is C(compute), C(graphics) or C(compute+graphics); C(used_memory_mib) is null where NVML does not
           report it.
-        - PIDs are the host's: NVML does not translate them into a container's PID namespace.
+        - PIDs are the host's - NVML does not translate them into a container's PID namespace.
       type: list
       elements: dict
       sample:
