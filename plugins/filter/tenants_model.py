@@ -402,6 +402,21 @@ def tenants_model(
     }
 
 
+def dra_device_class(tenant: str, resource: str) -> str:
+    """The DeviceClass through which a pool's tenant claims one kind of GPU device in DRA mode: one class per pool
+    and device kind, so that admission and quotas (<class>.deviceclass.resource.k8s.io/devices) can tell pools
+    apart. nvidia.com/gpu -> gpufleet-<tenant>-gpu; nvidia.com/mig-1g.10gb -> gpufleet-<tenant>-mig-1g.10gb
+    ('+' is no DNS character: 1g.10gb+me -> mig-1g.10gb-me)."""
+    name = _resource_name(resource)
+    if name is None:
+        raise ValueError(f"{resource!r} is not nvidia.com/gpu or nvidia.com/mig-<profile>")
+    return f"gpufleet-{tenant}-{name.removeprefix('nvidia.com/').replace('+', '-')}"
+
+
 class FilterModule:
     def filters(self):
-        return {"tenants_model": tenants_model, "tenants_sharing": tenants_sharing}
+        return {
+            "tenants_model": tenants_model,
+            "tenants_sharing": tenants_sharing,
+            "dra_device_class": dra_device_class,
+        }

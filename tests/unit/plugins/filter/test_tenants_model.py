@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.mig.plugins.filter.tenants_model import tenants_model, tenants_sharing
+from ansible_collections.gpufleet.mig.plugins.filter.tenants_model import (
+    dra_device_class,
+    tenants_model,
+    tenants_sharing,
+)
 
 ALL_1G = [{"devices": "all", "mig_enabled": True, "mig_devices": {"1g.10gb": 7}}]
 WHOLE = [{"devices": "all", "mig_enabled": False}]
@@ -225,3 +229,21 @@ def test_every_sharing_problem_is_listed():
         "tenant llm: sharing of nvidia.com/gpu must be a whole number of replicas from 1 (exclusive) to 64, not True",
         "tenant nlp: sharing names nvidia.com/mig-2g.20gb, which no node of its pool has (nvidia.com/mig-1g.10gb)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("resource", "expected"),
+    [
+        ("nvidia.com/gpu", "gpufleet-llm-gpu"),
+        ("nvidia.com/mig-1g.10gb", "gpufleet-llm-mig-1g.10gb"),
+        ("mig-3g.40gb", "gpufleet-llm-mig-3g.40gb"),
+        ("nvidia.com/mig-1g.10gb+me", "gpufleet-llm-mig-1g.10gb-me"),
+    ],
+)
+def test_dra_device_class_names_one_class_per_pool_and_device_kind(resource, expected):
+    assert dra_device_class("llm", resource) == expected
+
+
+def test_dra_device_class_refuses_what_is_no_gpu_resource():
+    with pytest.raises(ValueError, match=r"'example\.com/fpga' is not nvidia\.com/gpu"):
+        dra_device_class("llm", "example.com/fpga")
