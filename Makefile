@@ -43,9 +43,11 @@ $(PROTO_PY): proto/kubelet_podresources_v1.proto $(VENV)/.installed
 venv: $(VENV)/.installed $(PROTO_PY)
 
 # ansible finds gpufleet.mig through ansible.cfg's collections_path: build/collections -> this checkout.
+# Made only when missing or wrong: `ln -sfn` removes the link before it makes it again, and steps of `make test` run
+# side by side (a playbook started in that moment would not find the collection).
 collection-link: $(PROTO_PY)
 	@mkdir -p $(dir $(COLLECTION_LINK))
-	@ln -sfn ../../../.. $(COLLECTION_LINK)
+	@[ "$$(readlink $(COLLECTION_LINK))" = ../../../.. ] || ln -sfn ../../../.. $(COLLECTION_LINK)
 
 # --- the lab -----------------------------------------------------------------------------------------------
 # The lab keeps its state (simulated GPUs, host files) between runs like a real fleet: a second run changes
@@ -94,7 +96,16 @@ lab-reset:
 	rm -rf $(LAB_DIR)
 
 # --- the suite ---------------------------------------------------------------------------------------------
-test: venv collection-link lint typecheck build pytest go-test integration bench-mig sanity molecule
+# The steps run in three lanes side by side (tools/run_steps.py: a line as each step ends, logs in build/steps/,
+# a timing table at the end): the control plane's Go build and the tests against it; the container images, molecule
+# and sanity; the Python checks. One after the other they took longer than CI allows on two cores.
+# `make test WITH_LAB=1` (what .ci/run does) runs `make lab` in the second lane too.
+comma := ,
+TEST_LANES = $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets$(comma))go-test,integration \
+	molecule-images,molecule,sanity$(if $(WITH_LAB),$(comma)lab) \
+	lint,typecheck,build,pytest,bench-mig
+test: venv collection-link system-deps
+	python tools/run_steps.py $(TEST_LANES)
 	@echo "make test: all checks passed"
 
 lint: venv collection-link
@@ -132,7 +143,10 @@ k8s-assets:
 # extender/tests/test_conformance.py regenerates from scoring.py.
 go-test:
 	cd k8s && unformatted=$$(gofmt -l .) && { [ -z "$$unformatted" ] || { echo "gofmt needed: $$unformatted"; exit 1; }; }
-	cd k8s && GOTOOLCHAIN=local CGO_ENABLED=0 go vet ./... && GOTOOLCHAIN=local CGO_ENABLED=0 go test ./...
+	@# -trimpath as k8s/build.sh builds: the Kubernetes packages compiled for the control plane are reused from Go's
+	@# build cache instead of compiled again.
+	cd k8s && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath go vet ./... && \
+	  GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath go test ./...
 
 # Roles, playbooks and the extender against a real etcd + kube-apiserver + controller-manager + kube-scheduler on
 # 127.0.0.1. A missing binary fails here (GPUFLEET_REQUIRE_K8S); plain `pytest` skips these tests with one line.

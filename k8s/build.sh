@@ -39,7 +39,18 @@ if [[ ${#missing[@]} -eq 0 && -f "$stamp" && "$(cat "$stamp")" == "$wanted" ]]; 
   exit 0
 fi
 
+# One build per machine: every checkout (CI's fresh clone, a worktree) takes the binaries from a machine-wide cache
+# keyed by the same hash, so only the first checkout with these sources compiles them. GPUFLEET_K8S_CACHE=off
+# builds without it.
+cache_root=${GPUFLEET_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet/k8s-assets}
+cached="$cache_root/$wanted"
 rm -f "$stamp"
+if [[ "$cache_root" != off && -f "$cached/.built-from" ]]; then
+  for b in "${binaries[@]}"; do cp --reflink=auto -f "$cached/$b" "$out/$b"; done
+  echo "$wanted" >"$stamp"
+  echo "k8s-assets: ${binaries[*]} (Kubernetes $k8s_version) copied into $out from this machine's build cache $cached"
+  exit 0
+fi
 started=$SECONDS
 echo "k8s-assets: building Kubernetes $k8s_version control plane into $out (a cold build takes several minutes)"
 packages=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager)
@@ -49,3 +60,14 @@ echo "k8s-assets: building etcd $(cd "$here/etcd" && go list -m -f '{{.Version}}
 (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3)
 echo "$wanted" >"$stamp"
 echo "k8s-assets: built ${binaries[*]} in $((SECONDS - started)) s"
+if [[ "$cache_root" != off ]]; then
+  # Filled under a temporary name and renamed, so a checkout building beside this one never sees half a cache; the
+  # three newest builds are kept (a branch switch back and forth stays warm, the disk use stays bounded).
+  mkdir -p "$cache_root"
+  filling=$(mktemp -d "$cache_root/.filling.XXXXXX")
+  for b in "${binaries[@]}"; do cp --reflink=auto "$out/$b" "$filling/$b"; done
+  cp "$stamp" "$filling/.built-from"
+  mv -T "$filling" "$cached" 2>/dev/null || rm -rf "$filling"
+  ls -1dt "$cache_root"/*/ | tail -n +4 | xargs -r rm -rf
+  echo "k8s-assets: kept in this machine's build cache $cached"
+fi
