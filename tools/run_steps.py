@@ -16,7 +16,9 @@ status is 1 when any step failed or was skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -48,6 +50,19 @@ class Runner:
             for number, lane in enumerate(lanes, start=1)
         ]
         self.print_lock = threading.Lock()
+        self.running: set[subprocess.Popen[bytes]] = set()
+
+    def stop(self, signum: int, _frame: object) -> None:
+        """SIGINT/SIGTERM: stop every running step's process group, then exit as the signal asks."""
+        with self.print_lock:
+            for process in self.running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+            for process in self.running:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=10)
+        print(f"run_steps: stopped by signal {signum}; running steps were sent SIGTERM", flush=True)
+        os._exit(128 + signum)
 
     def say(self, text: str) -> None:
         with self.print_lock:
@@ -61,13 +76,20 @@ class Runner:
             step.start = self.elapsed()
             self.say(f"[{_clock(step.start)}] lane {step.lane}: {step.target} started")
             with step.log.open("w") as log:
-                status = subprocess.call(
+                # A session of its own, so that a cancelled run stops the whole step (make and all it started).
+                process = subprocess.Popen(
                     ["make", "--no-print-directory", step.target],
                     cwd=self.directory,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
+                    start_new_session=True,
                 )
+                with self.print_lock:
+                    self.running.add(process)
+                status = process.wait()
+                with self.print_lock:
+                    self.running.discard(process)
             step.seconds = self.elapsed() - step.start
             if status == 0:
                 step.result = "passed"
@@ -87,6 +109,8 @@ class Runner:
 
     def run(self) -> int:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        signal.signal(signal.SIGINT, self.stop)
+        signal.signal(signal.SIGTERM, self.stop)
         threads = [threading.Thread(target=self.run_lane, args=(lane,)) for lane in self.lanes]
         for thread in threads:
             thread.start()

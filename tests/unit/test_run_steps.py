@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,3 +63,22 @@ def test_a_target_named_twice_is_refused(tmp_path):
     run = _run(tmp_path, "first", "first")
     assert run.returncode == 2
     assert "each target may appear once" in run.stderr
+
+
+def test_a_cancelled_run_stops_its_running_steps(tmp_path):
+    (tmp_path / "Makefile").write_text("long:\n\t@sleep 30; touch long-finished\n")
+    runner = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--directory", str(tmp_path), "long"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert "long started" in runner.stdout.readline()
+    runner.terminate()
+    assert runner.wait(timeout=20) == 128 + 15
+    # make and its recipe were stopped with the runner (their signal handling takes a moment on a busy machine)
+    for _ in range(50):
+        sleeping = subprocess.run(["pgrep", "-f", "sleep 30; touch long-finished"], capture_output=True, check=False)
+        if not sleeping.stdout:
+            break
+        time.sleep(0.2)
+    assert sleeping.stdout == b""
