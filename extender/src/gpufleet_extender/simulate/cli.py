@@ -239,7 +239,9 @@ def _load_inputs(args: argparse.Namespace) -> tuple[Fleet, Trace, Policy, ModelS
     return fleet, trace, policy, model
 
 
-def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) -> dict[str, Any]:
+def _describe(
+    fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings, scenario: str | None = None
+) -> dict[str, Any]:
     devices: dict[str, int] = {}
     for node in fleet.nodes:
         for device in node.devices:
@@ -253,7 +255,12 @@ def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) 
             "replicas": fleet.replicas,
             "sharing": {f"{tenant}:{resource}": n for (tenant, resource), n in sorted(fleet.sharing.items())},
         },
-        "trace": {"source": trace.source, "pods": len(trace.pods), "last_arrival_s": trace.pods[-1].arrival},
+        "trace": {
+            "source": trace.source,
+            "scenario": scenario,  # the generated trace's; None for a trace file
+            "pods": len(trace.pods),
+            "last_arrival_s": trace.pods[-1].arrival,
+        },
         "model": {
             "scrape_interval_s": model.scrape_interval,
             "device_choice": model.device_choice.value,
@@ -319,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
     figures = {r.policy: pool_figures(r) for r in results}
     shared_pools = sorted({str(tenant) for (tenant, _), n in fleet.sharing.items() if n > 1 and tenant})
     pool_checks = pool_goal_checks(figures, shared_pools, whole_gpu_pools(results), scenario, model.interference)
-    description = _describe(fleet, trace, policy, model)
+    description = _describe(fleet, trace, policy, model, scenario)
     fleet_line = ", ".join(f"{t} {n} nodes" for t, n in description["fleet"]["tenants"].items())
     print(f"Fleet: {fleet.source} ({fleet_line}; {fleet.replicas} pod(s) per device)")
     print(f"Trace: {trace.source} ({len(trace.pods)} pods)")
