@@ -100,7 +100,7 @@ def whole_gpu_pools(results: Sequence[RunResult]) -> list[str]:
     return sorted(pools)
 
 
-def _ratio_check(
+def ratio_check(
     goal: str, value: float | None, reference: float | None, limit: float, what: str, key: str
 ) -> GoalCheck:
     if value is None or reference is None:
@@ -130,7 +130,7 @@ def pool_goal_checks(
     if shared_pools and load and count:
         for pool in shared_pools:
             checks.append(
-                _ratio_check(
+                ratio_check(
                     f"in the time-sliced {pool} pool, load's out-of-memory failures are at most "
                     f"{GOAL_SHARED_OOM_RATIO:g}x count's",
                     load.oom.get(pool, 0),
@@ -141,7 +141,7 @@ def pool_goal_checks(
                 )
             )
             checks.append(
-                _ratio_check(
+                ratio_check(
                     f"in the time-sliced {pool} pool, load's p95 slowdown is at most "
                     f"{GOAL_SHARED_SLOWDOWN_RATIO:g}x count's",
                     load.p95_slowdown.get(pool),
@@ -158,7 +158,7 @@ def pool_goal_checks(
         if auto and spread:
             auto_waits, spread_waits = auto.wait_p95_by_size.get(pool, {}), spread.wait_p95_by_size.get(pool, {})
             checks.append(
-                _ratio_check(
+                ratio_check(
                     f"in the {pool} pool, auto's wait p95 of 8-GPU pods is at most {GOAL_TP8_WAIT_RATIO:g}x spread's",
                     auto_waits.get(8),
                     spread_waits.get(8),
@@ -168,7 +168,7 @@ def pool_goal_checks(
                 )
             )
             checks.append(
-                _ratio_check(
+                ratio_check(
                     f"in the {pool} pool, auto's wait p95 of 1-GPU pods is at most {GOAL_TP1_WAIT_RATIO:g}x spread's",
                     auto_waits.get(1),
                     spread_waits.get(1),
@@ -179,7 +179,7 @@ def pool_goal_checks(
             )
         if interference > 0 and spread and count:
             checks.append(
-                _ratio_check(
+                ratio_check(
                     f"with interference, spread's mean slowdown in the {pool} pool is at most "
                     f"{GOAL_SLOWDOWN_RATIO:g}x count's",
                     spread.mean_slowdown.get(pool),
