@@ -23,6 +23,7 @@ from pathlib import Path
 from gpufleet_extender.simulate.verdict import (
     DOCS,
     GAINS_SECTION,
+    SENSITIVITY_SECTION,
     gains,
     goal_lines,
     goals_missed,
@@ -131,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         out.append("  every goal judged on these traces is met.")
+
+    out.append(
+        f"  How each goal's ratio moves over +/-50 % of every model parameter: {DOCS}#{SENSITIVITY_SECTION} "
+        "(python -m gpufleet_extender.simulate.sensitivity; about 20 min, so not run here)."
+    )
 
     manifests = lab / "manifests"
     plots = sorted(str(p) for run in RUNS for p in (lab / run).glob("*.png"))

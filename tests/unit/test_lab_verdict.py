@@ -104,6 +104,7 @@ def test_a_missed_goal_is_said_with_its_reason_and_passes_unless_enforced(tmp_pa
     assert "with re-layout against" not in out  # static needed more than the search tried: no GPUs figure claimed
     assert out.index("whole nodes free against") < out.index("Where load-awareness does not help") < out.index("Goals:")
     assert "p95 slowdown +40.0% against +80.0% (x0.50)" in out and "5 pod(s) waited" in out
+    assert "docs/simulator.md#sensitivity" in out
     assert "NOT MET  load CoV <= 0.5 x count's" in out
     assert "docs/simulator.md#goals-and-what-the-model-says-about-them" in out
     assert "1 goal(s) not met" in out and "LAB_GOALS=enforce" in out

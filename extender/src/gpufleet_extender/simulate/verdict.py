@@ -17,6 +17,7 @@ STRATEGIES_SECTION = "scoring-strategies-spread-pack-and-auto"
 SHARED_SECTION = "shared-devices-interference-and-tensor-parallel-pods"
 RELAYOUT_SECTION = "mig-re-layout-on-a-day-trace"
 GAINS_SECTION = "what-the-fleet-gains"
+SENSITIVITY_SECTION = "sensitivity"
 
 # Why each goal can be missed, as the model shows it (docs/simulator.md says it at length), and where.
 _WHY_NOT_MET: dict[str, tuple[str, str]] = {
