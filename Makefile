@@ -82,13 +82,14 @@ lab: venv collection-link
 	@echo "Placement simulator: quiet-night trace, spread / pack / auto -> $(LAB_DIR)/sim-quiet/"
 	@gpufleet-extender simulate --inventory inventories/lab --share finnlp:1g.10gb=1 --scenario quiet-night \
 	  --output $(LAB_DIR)/sim-quiet --seed 1 --quiet > $(LAB_DIR)/sim-quiet/report.txt
-	@# ... where load differs: finnlp's 1g.10gb time-sliced x4, and tensor-parallel LLM pods with interference.
+	@# ... where load differs: finnlp's 1g.10gb time-sliced x4 (out-of-memory and slowdown, with the extender's
+	@# memory rule as docs/simulator.md fixed it), and tensor-parallel LLM pods with interference.
 	@echo "Placement simulator: finnlp 1g.10gb time-sliced x4, count / load -> $(LAB_DIR)/sim-shared/"
-	@gpufleet-extender simulate --inventory inventories/lab --share finnlp:1g.10gb=4 --device-choice distributed \
+	@SHARED_MEM_FREE_MIN=0.35 gpufleet-extender simulate --inventory inventories/lab --share finnlp:1g.10gb=4 \
 	  --policies count,load --output $(LAB_DIR)/sim-shared --seed 1 --quiet > $(LAB_DIR)/sim-shared/report.txt
 	@echo "Placement simulator: tensor-parallel LLM mix with interference -> $(LAB_DIR)/sim-tp/"
 	@INTERFERENCE_WEIGHT=2 gpufleet-extender simulate --inventory inventories/lab --share finnlp:1g.10gb=1 \
-	  --scenario tp-mix --interference 0.3 --device-choice distributed --output $(LAB_DIR)/sim-tp --seed 1 --quiet \
+	  --scenario tp-mix --interference 0.3 --output $(LAB_DIR)/sim-tp --seed 1 --quiet \
 	  > $(LAB_DIR)/sim-tp/report.txt
 	@python tools/lab_verdict.py $(LAB_DIR) $(if $(filter enforce,$(LAB_GOALS)),--enforce-goals)
 

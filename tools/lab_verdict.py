@@ -20,7 +20,16 @@ import sys
 import textwrap
 from pathlib import Path
 
-from gpufleet_extender.simulate.verdict import findings, goal_lines, goals_missed
+from gpufleet_extender.simulate.verdict import (
+    DOCS,
+    GAINS_SECTION,
+    SENSITIVITY_SECTION,
+    gains,
+    goal_lines,
+    goals_missed,
+    limits,
+    relayout_findings,
+)
 
 WIDTH = 118
 RULE = "=" * WIDTH
@@ -28,10 +37,12 @@ RULE = "=" * WIDTH
 RUNS = {
     "sim": "mixed trace, count vs random-fit vs load",
     "sim-quiet": "quiet-night trace, spread vs pack vs auto",
-    "sim-shared": "finnlp's 1g.10gb time-sliced x4, count vs load",
+    "sim-shared": "finnlp's 1g.10gb time-sliced x4, count vs load (SHARED_MEM_FREE_MIN 0.35)",
     "sim-tp": "tensor-parallel LLM mix with interference, count vs spread vs auto",
     "sim-relayout": "MIG day trace (x0.25), static layouts vs a re-layout every 10 min",
 }
+# The gains in the order a user feels them: failures and slowdown, waiting, GPUs, free nodes.
+GAINS_ORDER = ("sim-shared", "sim-tp", "sim-relayout", "sim-quiet", "sim")
 # The re-layout's lab variant: the day trace's rates and the pools x0.25 (the full day takes minutes).
 RELAYOUT_LAB_ARGS = ["--inventory", "inventories/lab", "--scale", "0.25", "--quiet"]
 
@@ -87,14 +98,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     out = [RULE, "make lab: the verdict", RULE]
+    # The gains first, in what a user of the fleet feels; every figure is defined in docs/simulator.md.
+    out.append(f"What the fleet gains, on the lab's fleet ({DOCS}#{GAINS_SECTION}):")
+    gained = [line for run in GAINS_ORDER for line in gains(documents[run])]
+    out += [f"  + {line}" for line in gained] or ["  nothing on these runs"]
+    out.append("Where load-awareness does not help, and why:")
+    out += [f"  - {line}" for document in documents.values() for line in limits(document)]
+
     out.append(f"Fleet, read back from the simulated GPUs (per node: {summary}):")
     out += _fleet_lines(summary)
 
-    out.append("Placement simulator, on the lab's fleet (docs/simulator.md):")
+    out.append("Placement simulator runs (docs/simulator.md), tables in each run's report.txt:")
     for run, document in documents.items():
-        trace = document["trace"]
-        out.append(f"  {RUNS[run]} ({trace['pods']} pods):")
-        out += [f"    {line}" for line in findings(document)]
+        out.append(f"  {run}: {RUNS[run]} ({document['trace']['pods']} pods)")
+        if document.get("kind") == "mig-relayout":
+            out += [f"    {line}" for line in relayout_findings(document)]
 
     advice = lab / "rebalance" / "advice.txt"
     if advice.is_file():
@@ -114,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         out.append("  every goal judged on these traces is met.")
+
+    out.append(
+        f"  How each goal's ratio moves over +/-50 % of every model parameter: {DOCS}#{SENSITIVITY_SECTION} "
+        "(python -m gpufleet_extender.simulate.sensitivity; about 20 min, so not run here)."
+    )
 
     manifests = lab / "manifests"
     plots = sorted(str(p) for run in RUNS for p in (lab / run).glob("*.png"))

@@ -13,6 +13,7 @@ from gpufleet_extender.scoring import (
     evaluate_node,
     interference_load,
     shared_candidates,
+    short_of_memory,
 )
 from gpufleet_extender.snapshot import DeviceMetrics, NodeMetrics
 
@@ -102,6 +103,33 @@ def test_spread_prefers_the_idle_gpu_on_the_quiet_node_with_interference_on():
     )
 
 
+def test_a_shared_node_fails_when_a_device_it_may_get_is_short_of_memory():
+    # b and c tie at one pod; b's pods hold 75 % of its memory. With 35 % required free the plugin may hand the pod
+    # b, where it would not fit: the node fails, naming the device. Without the rule (0, the default) it passes.
+    metrics = shared_node(dev("a", 0.1, pods=2), dev("b", 0.3, pods=1, mem=0.75), dev("c", 0.2, pods=1, mem=0.2))
+    request = (ResourceRequest(MIG1G, 1),)
+    guarded = Policy(shared_resources=((MIG1G, 4),), shared_mem_free_min=0.35)
+    verdict = evaluate_node("n", metrics, request, guarded, NOW)
+    assert not verdict.passed and verdict.outcome is Outcome.OVERLOADED
+    assert "b: mem 0.75, less than SHARED_MEM_FREE_MIN 0.35 free; 1 pod(s)" in verdict.reason
+    assert evaluate_node("n", metrics, request, SHARED, NOW).passed
+    # 65 % used leaves exactly 35 %: enough. A device without memory figures is never judged short.
+    assert not short_of_memory(dev("x", 0.1, pods=1, mem=0.65), guarded)
+    assert short_of_memory(dev("x", 0.1, pods=1, mem=0.66), guarded)
+    assert not short_of_memory(DeviceMetrics("x", 0.1, None, 1), guarded)
+    # Only the devices the plugin may hand out count: a full device with more pods than the candidates does not.
+    spare = shared_node(dev("a", 0.1, pods=2, mem=0.95), dev("b", 0.3, pods=1, mem=0.2))
+    assert evaluate_node("n", spare, request, guarded, NOW).passed
+
+
+def test_settings_read_shared_mem_free_min(monkeypatch):
+    monkeypatch.setenv("SHARED_MEM_FREE_MIN", "0.35")
+    assert Policy.from_settings(load_settings()).shared_mem_free_min == 0.35
+    monkeypatch.setenv("SHARED_MEM_FREE_MIN", "1.5")
+    with pytest.raises(SettingsError, match="SHARED_MEM_FREE_MIN"):
+        load_settings()
+
+
 def test_settings_read_shared_resources_and_the_interference_weight(monkeypatch):
     monkeypatch.setenv("SHARED_RESOURCES", '{"nvidia.com/mig-1g.10gb": 4}')
     monkeypatch.setenv("INTERFERENCE_WEIGHT", "0.5")
@@ -117,3 +145,4 @@ def test_settings_read_shared_resources_and_the_interference_weight(monkeypatch)
 def test_defaults_leave_scoring_as_it_was():
     settings_policy = Policy.from_settings(load_settings())
     assert settings_policy.shared_resources == () and settings_policy.interference_weight == 0.0
+    assert settings_policy.shared_mem_free_min == 0.0  # off: the Go plugin's vectors are generated with it off

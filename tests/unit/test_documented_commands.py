@@ -402,7 +402,8 @@ def test_the_verdicts_links_point_at_sections_of_the_simulator_docs():
 
     headings = re.findall(r"^#+ (.+)$", (REPO / verdict.DOCS).read_text(), re.M)
     anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
-    assert {verdict.GOALS_SECTION, verdict.STRATEGIES_SECTION} <= anchors
+    sections = {verdict.GOALS_SECTION, verdict.STRATEGIES_SECTION, verdict.SHARED_SECTION, verdict.RELAYOUT_SECTION}
+    assert sections | {verdict.GAINS_SECTION, verdict.SENSITIVITY_SECTION} <= anchors
 
 
 def test_the_layout_filters_are_documented():

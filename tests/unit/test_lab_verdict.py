@@ -35,15 +35,24 @@ def _lab(tmp_path: Path, cov_met: bool) -> Path:
         ],
     }
     quiet = {
-        "trace": {"pods": 50},
+        "trace": {"pods": 50, "scenario": "quiet-night"},
         "capacity": {
             "spread": {"free_gpus_mean": 10.0, "free_nodes_mean": 1.0},
             "auto": {"free_gpus_mean": 11.0, "free_nodes_mean": 2.0},
         },
         "goals": [{"goal": "auto hot placements <= spread's (peak-hour)", "passed": None, "detail": "-"}],
     }
-    # The shared-device and tensor-parallel runs: figures without goals judged here.
-    shared = {"fleet": {"replicas": 1, "sharing": {"finnlp:nvidia.com/mig-1g.10gb": 4}}, "trace": {"pods": 80}}
+    # The shared-device run: out-of-memory failures and slowdown in the time-sliced pool.
+    figures = {"wait_p95_by_size": {"finnlp": {"1": 0.0}}, "mean_slowdown": {"finnlp": 0.2}}
+    shared = {
+        "fleet": {"replicas": 1, "sharing": {"finnlp:nvidia.com/mig-1g.10gb": 4}},
+        "trace": {"pods": 80},
+        "policies": {"count": {"held": 0}, "load": {"held": 5}},
+        "pools": {
+            "count": {**figures, "oom": {"finnlp": 20}, "p95_slowdown": {"finnlp": 0.8}},
+            "load": {**figures, "oom": {"finnlp": 1}, "p95_slowdown": {"finnlp": 0.4}},
+        },
+    }
     tp = {"trace": {"pods": 60}}
     relayout = {
         "kind": "mig-relayout",
@@ -86,7 +95,16 @@ def test_a_missed_goal_is_said_with_its_reason_and_passes_unless_enforced(tmp_pa
     assert "imagegen 8 vs more than 48" in out and "met      re-layout disturbs no running pod: 0 disturbed" in out
     assert "tenant llm (tenant_llm): 2 nodes" in out and "pool total   15 x whole GPU" in out
     assert "hk-gpu-02    7 x whole GPU  (!) layout implies" in out and "hk-gpu-01" not in out  # only odd nodes
-    assert "places like counting GPUs" in out and "2.0 vs 1.0 whole nodes free (x2.00)" in out
+    assert "places like counting GPUs" in out and "2.0 whole nodes free against 1.0 spreading (x2.00)" in out
+    # The gains lead, in the order a user feels them, before the limits, the fleet and the goals.
+    gains = out.index("What the fleet gains")
+    oom = out.index("finnlp, 1g.10gb time-sliced x4: 1 pod(s) failed with out-of-memory")
+    relayout = out.index("100 pending pod-minutes against 4,000 with static layouts")
+    assert gains < oom < relayout < out.index("whole nodes free against")
+    assert "with re-layout against" not in out  # static needed more than the search tried: no GPUs figure claimed
+    assert out.index("whole nodes free against") < out.index("Where load-awareness does not help") < out.index("Goals:")
+    assert "p95 slowdown +40.0% against +80.0% (x0.50)" in out and "5 pod(s) waited" in out
+    assert "docs/simulator.md#sensitivity" in out
     assert "NOT MET  load CoV <= 0.5 x count's" in out
     assert "docs/simulator.md#goals-and-what-the-model-says-about-them" in out
     assert "1 goal(s) not met" in out and "LAB_GOALS=enforce" in out

@@ -116,6 +116,10 @@ class Settings(BaseSettings):
     SHARED_RESOURCES: dict[str, Annotated[int, Field(ge=1, le=64)]] = Field(default_factory=dict)
     # spread: how much the load of a node's other devices lowers an exclusive resource's score (0 = off).
     INTERFERENCE_WEIGHT: Annotated[float, Field(ge=0.0, le=10.0)] = _DEFAULT_POLICY.interference_weight
+    # Time-sliced resources: the share of a device's memory (DCGM_FI_DEV_FB_FREE over FB_USED + FB_FREE) that must be
+    # free on every device the device plugin may hand the pod, so that a new replica does not run out of memory
+    # (0 = off; the Go GPUScore plugin does not read it yet, docs/simulator.md).
+    SHARED_MEM_FREE_MIN: Annotated[float, Field(ge=0.0, lt=1.0)] = _DEFAULT_POLICY.shared_mem_free_min
 
     @field_validator("SHARED_RESOURCES", mode="before")
     @classmethod

@@ -19,6 +19,8 @@ place is made the same way everywhere. Public API:
 - ``shared_candidates(devices, count, replicas, assumed)`` - for a time-sliced resource (``SHARED_RESOURCES``),
   the devices the NVIDIA device plugin may hand the pod: those with the fewest pods once the in-flight pods took
   theirs (its ``distributed`` allocation; it ignores load and breaks ties arbitrarily);
+- ``short_of_memory(device, policy)`` - a shared device with less than ``SHARED_MEM_FREE_MIN`` of its memory
+  free (off at 0, the default; the Go plugin's vectors are generated with it off);
 - ``interference_load(metrics, picked, policy, assumed)`` - mean load of the node's devices the pod would not
   hold, which ``spread`` subtracts from an exclusive resource's score times ``INTERFERENCE_WEIGHT``.
 
@@ -84,6 +86,7 @@ class Policy:
     auto_hysteresis: float = 0.1  # AUTO_HYSTERESIS: auto spreads only above AUTO_PACK_BELOW + this
     shared_resources: tuple[tuple[str, int], ...] = ()  # SHARED_RESOURCES: (resource, time-slicing replicas)
     interference_weight: float = 0.0  # INTERFERENCE_WEIGHT: 0 = spread ignores the node's other devices
+    shared_mem_free_min: float = 0.0  # SHARED_MEM_FREE_MIN: memory share free on each shared candidate (0 = off)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Policy:
@@ -100,6 +103,7 @@ class Policy:
             auto_hysteresis=settings.AUTO_HYSTERESIS,
             shared_resources=tuple(sorted(settings.SHARED_RESOURCES.items())),
             interference_weight=settings.INTERFERENCE_WEIGHT,
+            shared_mem_free_min=settings.SHARED_MEM_FREE_MIN,
         )
 
     def replicas_of(self, resource: str) -> int:
@@ -159,6 +163,13 @@ def device_load(device: DeviceMetrics, policy: Policy) -> float:
 def below_thresholds(device: DeviceMetrics, policy: Policy) -> bool:
     mem_ok = device.mem is None or device.mem < policy.mem_util_threshold
     return device.util < policy.gpu_util_threshold and mem_ok
+
+
+def short_of_memory(device: DeviceMetrics, policy: Policy) -> bool:
+    """A shared device with less than ``SHARED_MEM_FREE_MIN`` of its memory free: one more replica may run out of
+    memory (time-slicing isolates no memory). False when the rule is off or the sample has no memory figures."""
+    free_min = policy.shared_mem_free_min
+    return free_min > 0 and device.mem is not None and 1.0 - device.mem < free_min
 
 
 def _by_load(devices: Iterable[DeviceMetrics], policy: Policy) -> list[DeviceMetrics]:
@@ -292,6 +303,16 @@ def _evaluate_shared(
             Outcome.OVERLOADED,
             f"{node}: the device plugin may share a busy {want.resource} {_device_word(want.resource)} "
             f"({hot[0].key}: {_figures(hot[0], policy)}; {hot[0].pods} pod(s), {len(candidates)} equally used)",
+        )
+    full = [d for d in candidates if short_of_memory(d, policy)]
+    if full:  # its pods would share the little memory left: a new one may fail with CUDA out-of-memory
+        return NodeVerdict(
+            False,
+            MIN_SCORE,
+            Outcome.OVERLOADED,
+            f"{node}: the device plugin may share a {want.resource} {_device_word(want.resource)} short of memory "
+            f"({full[0].key}: mem {full[0].mem:.2f}, less than SHARED_MEM_FREE_MIN {policy.shared_mem_free_min:g} "
+            f"free; {full[0].pods} pod(s))",
         )
     mean = sum(device_load(d, policy) for d in candidates) / len(candidates)
     score = max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * (1.0 - mean))))

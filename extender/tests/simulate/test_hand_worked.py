@@ -9,6 +9,10 @@ from gpufleet_extender.simulate.model import DeviceChoice, ModelSettings, simula
 from gpufleet_extender.simulate.policies import CountPolicy, LoadPolicy
 from gpufleet_extender.simulate.trace import make_trace
 
+# Worked by hand with the device plugin's ties broken by index (the real plugin draws them) and no time-slicing
+# slowdown, so every placement and end can be checked on paper.
+BY_INDEX = ModelSettings(device_choice=DeviceChoice.LOWEST_INDEX, timeslice_efficiency=0.0)
+
 TRACE = make_trace(
     [
         pod("p1", 1, 0.9),
@@ -54,7 +58,7 @@ def test_hand_worked_trace(two_shared_nodes):
     load without in-flight accounting: at p5, b's gpu1 looks idle in the t=30 sample (p4 is not in it):
       b scores 10 and wins; the plugin gives b/gpu0 (0.9): hot.
     """
-    count = simulate(two_shared_nodes, TRACE, CountPolicy(), Policy())
+    count = simulate(two_shared_nodes, TRACE, CountPolicy(), Policy(), BY_INDEX)
     assert placements(count) == [
         ("p1", "a/gpu0", 1, False),
         ("p2", "b/gpu0", 2, False),
@@ -64,12 +68,12 @@ def test_hand_worked_trace(two_shared_nodes):
     ]
     # a/gpu1 had room and looked cool in the t=30 sample: the node was right, the plugin's device choice was not.
     assert on_cool_node(count) == ["p5"]
-    load = simulate(two_shared_nodes, TRACE, LoadPolicy(inflight=True), Policy())
+    load = simulate(two_shared_nodes, TRACE, LoadPolicy(inflight=True), Policy(), BY_INDEX)
     assert placements(load) == placements(count)
-    least_loaded = ModelSettings(device_choice=DeviceChoice.LEAST_LOADED)
+    least_loaded = ModelSettings(device_choice=DeviceChoice.LEAST_LOADED, timeslice_efficiency=0.0)
     load_ll = simulate(two_shared_nodes, TRACE, LoadPolicy(inflight=True), Policy(), least_loaded)
     assert placements(load_ll)[-1] == ("p5", "a/gpu1", 41, False)
-    no_inflight = simulate(two_shared_nodes, TRACE, LoadPolicy(inflight=False), Policy())
+    no_inflight = simulate(two_shared_nodes, TRACE, LoadPolicy(inflight=False), Policy(), BY_INDEX)
     assert placements(no_inflight)[-1] == ("p5", "b/gpu0", 41, True)
 
 
@@ -83,6 +87,6 @@ def test_the_extender_verdicts_behind_p5(two_shared_nodes):
             seen[spec.name] = {name: (v.passed, v.score, v.outcome.value) for name, v in decision.verdicts.items()}
             return decision
 
-    simulate(two_shared_nodes, TRACE, Recorder(inflight=True), Policy())
+    simulate(two_shared_nodes, TRACE, Recorder(inflight=True), Policy(), BY_INDEX)
     assert seen["p4"] == {"a": (True, 8, "pass"), "b": (True, 10, "pass")}
     assert seen["p5"] == {"a": (True, 8, "pass"), "b": (False, 0, "overloaded")}

@@ -38,7 +38,14 @@ from gpufleet_extender.simulate.fleet import (
 )
 from gpufleet_extender.simulate.generator import SCENARIO_WORKLOADS, SCENARIOS, generate_trace
 from gpufleet_extender.simulate.metrics import PolicySummary, goal_checks, summarise
-from gpufleet_extender.simulate.model import DeviceChoice, ModelSettings, RunResult, SimulationError, simulate
+from gpufleet_extender.simulate.model import (
+    TIMESLICE_EFFICIENCY,
+    DeviceChoice,
+    ModelSettings,
+    RunResult,
+    SimulationError,
+    simulate,
+)
 from gpufleet_extender.simulate.policies import EXTENDER_POLICIES, POLICIES, STRATEGY_POLICIES, make_policy
 from gpufleet_extender.simulate.pools import (
     TP_SCENARIO,
@@ -77,6 +84,13 @@ def _share(text: str) -> tuple[str, str, int]:
     if not (pool and resource and replicas.isdigit() and int(replicas) >= 1):
         raise argparse.ArgumentTypeError(f"expected TENANT:RESOURCE=N, e.g. finnlp:1g.10gb=4, got {text!r}")
     return pool, resource, int(replicas)
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be within 0..1, got {text}")
+    return value
 
 
 def _non_negative(text: str) -> float:
@@ -141,8 +155,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=DeviceChoice,
         choices=list(DeviceChoice),
         default=DeviceChoice.PLUGIN,
-        help="devices a pod gets on its node: the device plugin's rule with ties by index (plugin) or arbitrary as "
-        "upstream (distributed), or the least-loaded (default: %(default)s)",
+        help="devices a pod gets on its node: the deployed NVIDIA device plugin's rule (plugin; distributed is its "
+        "earlier name), the same with ties by index (lowest-index), or the least-loaded (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeslice-efficiency",
+        type=_fraction,
+        default=TIMESLICE_EFFICIENCY,
+        metavar="E",
+        help="time-slicing model: the useful share of a shared device's time while pods take turns on it; a pod runs "
+        "at min(1, E / the utilisation its device's pods ask) (default: %(default)s; 0 = off)",
     )
     parser.add_argument(
         "--output", type=Path, default=Path("build/sim"), help="directory for results.json and the plot"
@@ -207,6 +229,7 @@ def _load_inputs(args: argparse.Namespace) -> tuple[Fleet, Trace, Policy, ModelS
         device_choice=args.device_choice,
         inflight_max_seconds=settings.INFLIGHT_MAX_SECONDS,
         interference=args.interference,
+        timeslice_efficiency=args.timeslice_efficiency,
         seed=args.seed,
     )
     policy = Policy.from_settings(settings)
@@ -216,7 +239,9 @@ def _load_inputs(args: argparse.Namespace) -> tuple[Fleet, Trace, Policy, ModelS
     return fleet, trace, policy, model
 
 
-def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) -> dict[str, Any]:
+def _describe(
+    fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings, scenario: str | None = None
+) -> dict[str, Any]:
     devices: dict[str, int] = {}
     for node in fleet.nodes:
         for device in node.devices:
@@ -230,11 +255,17 @@ def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) 
             "replicas": fleet.replicas,
             "sharing": {f"{tenant}:{resource}": n for (tenant, resource), n in sorted(fleet.sharing.items())},
         },
-        "trace": {"source": trace.source, "pods": len(trace.pods), "last_arrival_s": trace.pods[-1].arrival},
+        "trace": {
+            "source": trace.source,
+            "scenario": scenario,  # the generated trace's; None for a trace file
+            "pods": len(trace.pods),
+            "last_arrival_s": trace.pods[-1].arrival,
+        },
         "model": {
             "scrape_interval_s": model.scrape_interval,
             "device_choice": model.device_choice.value,
             "interference_alpha": model.interference,
+            "timeslice_efficiency": model.timeslice_efficiency,
             "inflight_max_s": model.inflight_max_seconds,
             "drain_s": model.drain_seconds,
         },
@@ -249,6 +280,7 @@ def _describe(fleet: Fleet, trace: Trace, policy: Policy, model: ModelSettings) 
             "auto_hysteresis": policy.auto_hysteresis,
             "shared_resources": dict(policy.shared_resources),
             "interference_weight": policy.interference_weight,
+            "shared_mem_free_min": policy.shared_mem_free_min,
         },
     }
 
@@ -294,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
     figures = {r.policy: pool_figures(r) for r in results}
     shared_pools = sorted({str(tenant) for (tenant, _), n in fleet.sharing.items() if n > 1 and tenant})
     pool_checks = pool_goal_checks(figures, shared_pools, whole_gpu_pools(results), scenario, model.interference)
-    description = _describe(fleet, trace, policy, model)
+    description = _describe(fleet, trace, policy, model, scenario)
     fleet_line = ", ".join(f"{t} {n} nodes" for t, n in description["fleet"]["tenants"].items())
     print(f"Fleet: {fleet.source} ({fleet_line}; {fleet.replicas} pod(s) per device)")
     print(f"Trace: {trace.source} ({len(trace.pods)} pods)")

@@ -8,7 +8,8 @@ Each tenant pool gets, for each resource its nodes expose, the workload that res
   traffic spike), 5-25 min, utilisation alternating between idle (0.05-0.15) and generating (0.85-0.98),
   memory 50-85 % of the instance;
 - 1g instances (finance NLP, previews): many short pods (1-10 min) of steady moderate load (0.25-0.65), 30-80 %
-  of the instance's memory.
+  of the instance's memory; on a time-sliced 1g instance the same pods hold a BERT-class model's memory instead
+  (``nlp_memory_gb``: 1.1-3.9 GB), since replicas share the instance's memory.
 
 How many run at once follows a load curve over the trace (quiet at the start and end, busiest in the middle):
 at each moment the expected devices in use are ``curve(t) x devices`` of the resource, fewer when pods share
@@ -81,6 +82,39 @@ def _small(rng: random.Random, memory_gb: float, max_count: int) -> tuple[int, f
     return 1, round(duration), Schedule.constant(util), Schedule.constant(mem)
 
 
+# The models a time-sliced 1g pool serves (finance NLP): BERT-class classifiers and embedding models, by share of
+# pods, with their parameter counts (millions, from the model cards) and bytes per parameter at the precision they
+# run in (docs/simulator.md, "Memory and slowdown on shared devices").
+NLP_MODELS = (
+    ("all-MiniLM-L6-v2 embeddings, fp32", 0.25, 22.7, 4),
+    ("bert-base classifier, fp32", 0.30, 110.0, 4),
+    ("bert-base classifier, fp16", 0.15, 110.0, 2),
+    ("bge-large / e5-large embeddings, fp16", 0.20, 335.0, 2),
+    ("bert-large classifier, fp32", 0.10, 340.0, 4),
+)
+NLP_CONTEXT_GB = 0.5  # the CUDA context and framework a PyTorch process holds before any model (assumed)
+NLP_ACTIVATIONS_GB = (0.5, 2.0)  # peak activations kept by the caching allocator, batch 32-128 x 128-512 tokens
+
+
+def nlp_memory_gb(rng: random.Random, scale: float = 1.0) -> float:
+    """One BERT-class pod's GPU memory (GB): CUDA context + weights at its precision + peak activations, x scale."""
+    draw, params, width = rng.random(), NLP_MODELS[-1][2], NLP_MODELS[-1][3]
+    for _, share, model_params, model_width in NLP_MODELS:
+        if draw < share:
+            params, width = model_params, model_width
+            break
+        draw -= share
+    weights = params * 1e6 * width / 1e9
+    return round(scale * (NLP_CONTEXT_GB + weights + rng.uniform(*NLP_ACTIVATIONS_GB)), 2)
+
+
+def _nlp(rng: random.Random, memory_gb: float, max_count: int) -> tuple[int, float, Schedule, Schedule]:
+    """A time-sliced 1g pod: the small pods' life and load, a BERT-class model's memory (held from start to end)."""
+    duration = rng.uniform(60, 600)
+    util = round(rng.uniform(0.25, 0.65), 3)
+    return 1, round(duration), Schedule.constant(util), Schedule.constant(nlp_memory_gb(rng))
+
+
 LLM = WorkloadClass("llm", 4 * 0.7 + 8 * 0.3, 75 * 60, 0.81, None, _llm)
 
 # The tp-mix trace's LLM pool: tensor-parallel degree 1, 2, 4 or 8, by share of pods (docs/simulator.md).
@@ -101,13 +135,17 @@ def _llm_tp_mix(rng: random.Random, memory_gb: float, max_count: int) -> tuple[i
 LLM_TP_MIX = WorkloadClass("llm-tp", sum(d * s for d, s in TP_MIX), 75 * 60, 0.81, None, _llm_tp_mix)
 IMAGE_BURST = WorkloadClass("image-burst", 1, 15 * 60, 0.53, (4, 12), _burst)
 SMALL = WorkloadClass("small", 1, 330, 0.45, None, _small)
+NLP_SHARED = WorkloadClass("nlp", 1, 330, 0.45, None, _nlp)
 
 
-def workload_for(resource: str) -> WorkloadClass:
+def workload_for(resource: str, replicas: int = 1) -> WorkloadClass:
+    """The workload a resource is there for; a time-sliced 1g instance serves BERT-class NLP models."""
     if resource == WHOLE_GPU_RESOURCE:
         return LLM
     compute = resource.removeprefix(MIG_RESOURCE_PREFIX).split("g.", 1)[0]
-    return SMALL if compute == "1" else IMAGE_BURST
+    if compute != "1":
+        return IMAGE_BURST
+    return NLP_SHARED if replicas > 1 else SMALL
 
 
 def _arrival_times(
@@ -152,10 +190,10 @@ def _streams(fleet: Fleet, workloads: Mapping[str, WorkloadClass] | None = None)
         namespaces = fleet.namespaces_of(tenant)
         pool = [n for n in fleet.nodes if n.tenant == tenant]
         for resource in fleet.resources_of(tenant):
-            work = (workloads or {}).get(resource) or workload_for(resource)
+            replicas = fleet.replicas_for(tenant, resource)
+            work = (workloads or {}).get(resource) or workload_for(resource, replicas)
             # Exclusive devices hold one pod each; shared ones hold as many as keep the expected utilisation on
             # the curve, never more than their slots.
-            replicas = fleet.replicas_for(tenant, resource)
             per_device = min(float(replicas), 1.0 / work.mean_util) if replicas > 1 else 1.0
             streams.append(
                 _Stream(

@@ -103,9 +103,15 @@ class GoalCheck:
         return asdict(self)
 
 
+# The mixed trace's first goals, shown but no longer judged: on exclusive devices (as deployed) a free device is idle,
+# so "zero hot placements" holds for every policy and node-load CoV is what counting gives; neither is what a user
+# feels (docs/simulator.md, "What the fleet gains").
+RETIRED = " (shown, not judged: retired, it holds or fails by construction on exclusive devices)"
+
+
 def goal_checks(summaries: dict[str, PolicySummary], replicas: int) -> list[GoalCheck]:
-    """The extender's goals on the mixed trace: ``load`` makes no hot placements, and its load CoV is at most half
-    of ``count``'s."""
+    """The mixed trace's hot-placement and load-CoV figures of ``load`` against ``count``, as retired goals (never
+    judged: ``passed`` is None)."""
     load, count = summaries.get("load"), summaries.get("count")
     if load is None:
         return [GoalCheck("load makes zero hot placements", None, "policy 'load' not run", "load-hot")]
@@ -114,20 +120,14 @@ def goal_checks(summaries: dict[str, PolicySummary], replicas: int) -> list[Goal
         detail += f" ({load.hot_on_cool_node} on nodes the last sample showed with cool room: device choice or lag)"
     if count:
         detail += f"; count: {count.hot_placements}"
-    if replicas == 1:
-        # A device with a free slot holds no pod when devices are exclusive: nothing can be hot.
-        detail += " (exclusive devices: a free device is idle, so no policy can place onto a hot one)"
-    checks = [GoalCheck("load makes zero hot placements", load.hot_placements == 0, detail, "load-hot")]
-    if count is None:
-        checks.append(GoalCheck(f"load CoV <= {GOAL_COV_RATIO} x count's", None, "policy 'count' not run", "load-cov"))
-    else:
-        limit = GOAL_COV_RATIO * count.load_cov
+    checks = [GoalCheck("load makes zero hot placements", None, detail + RETIRED, "load-hot")]
+    if count is not None:
         ratio = f"{load.load_cov / count.load_cov:.2f}" if count.load_cov > 0 else "n/a"
         checks.append(
             GoalCheck(
                 f"load CoV <= {GOAL_COV_RATIO} x count's",
-                load.load_cov <= limit,
-                f"load {load.load_cov:.3f} vs count {count.load_cov:.3f} (ratio {ratio}, limit {limit:.3f})",
+                None,
+                f"load {load.load_cov:.3f} vs count {count.load_cov:.3f} (ratio {ratio})" + RETIRED,
                 "load-cov",
             )
         )

@@ -10,17 +10,27 @@ Events at the same moment run in this order: pods ending (their devices free up)
   requeue on cluster events and periodic flush do); a pod shape that failed in a round is not retried
   again in that round. Pods still waiting ``drain_seconds`` after the last arrival count as never placed.
 
-Devices on the chosen node: the scheduler picks only the node; the device plugin picks the devices, and it
-knows nothing of load. ``plugin`` (default) models NVIDIA's device plugin: the devices holding the fewest pods,
-then in device order (its distributed allocation for time-sliced replicas; for exclusive devices, the first
-free ones). ``least-loaded`` gives the least-loaded free devices instead, which is what the extender's score
-assumes (``scoring.pick_devices``); comparing the two shows what a load-aware device choice would add.
-``distributed`` is the upstream plugin's rule as it is: the fewest pods first, equal devices in no fixed order
-(drawn with a seeded generator); unreplicated whole GPUs, which it aligns by topology instead, first free.
+Devices on the chosen node: the scheduler picks only the node; the kubelet asks the device plugin for a preferred
+allocation and the plugin picks the devices, knowing nothing of load. ``plugin`` (default) is the rule of the
+NVIDIA device plugin the gpu_device_plugin role deploys (v0.17.1): ``getPreferredAllocation`` in
+``internal/rm/nvml_manager.go`` sends every request but one for unreplicated whole GPUs to ``distributedAlloc`` in
+``internal/rm/allocate.go``, which takes, one at a time, a device with the fewest replicas already allocated, equal
+devices in no fixed order (a Go map's order and an unstable sort; drawn here with a seeded generator). MIG devices
+are never aligned, so exclusive MIG instances are a free one in no fixed order too. Unreplicated whole GPUs go to
+its NVLink-aligned allocation, which the model does not have: the first free ones. ``lowest-index`` breaks the
+ties by device index instead (the earlier ``plugin`` model, kept so older figures stay reproducible);
+``least-loaded`` gives the least-loaded free devices, which is what the extender's ``spread`` score assumes
+(``scoring.pick_devices``) and what no deployed plugin does. ``distributed`` is the earlier name of ``plugin``.
 
 Interference (``ModelSettings.interference``, alpha above 0): a pod runs at ``1 / (1 + alpha x L)`` of its
 nominal speed, ``L`` being the memory-weighted load of its node's other devices, re-read at every scrape; its
 end moves accordingly and its slowdown (run time over nominal duration) is recorded when it ends.
+
+Time-slicing (``ModelSettings.timeslice_efficiency`` E, on for fleets that share a device): on a device two or more
+pods take turns on, only E of the time does useful work, shared in proportion to what each pod asks for (its
+utilisation); a pod on a device whose pods ask for U in all runs at ``min(1, E / U)``, re-read at every scrape.
+Memory: a pod whose start-up memory does not fit beside what its device's pods hold fails with out-of-memory
+(``PodOutcome.oom``) and holds nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import heapq
 import itertools
 import random
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any
@@ -43,13 +53,19 @@ from gpufleet_extender.simulate.trace import PodSpec, Trace
 
 
 class DeviceChoice(StrEnum):
-    PLUGIN = "plugin"
-    LEAST_LOADED = "least-loaded"
-    DISTRIBUTED = "distributed"
+    PLUGIN = "plugin"  # the deployed NVIDIA device plugin's rule (distributedAlloc), ties drawn
+    LOWEST_INDEX = "lowest-index"  # the same with ties by index (the earlier model)
+    LEAST_LOADED = "least-loaded"  # what the extender's spread score assumes; no deployed plugin does it
+    DISTRIBUTED = "distributed"  # the earlier name of plugin
 
 
 class SimulationError(ValueError):
     """The fleet and trace cannot be simulated together; the message is meant for a person."""
+
+
+# NVIDIA's measurement of time-slicing against MIG under heavy load, 0.76 against 1.00 requests/s per GPU
+# (docs/simulator.md, "What the fleet gains").
+TIMESLICE_EFFICIENCY = 0.76
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +75,9 @@ class ModelSettings:
     inflight_max_seconds: float = 120.0  # the extender's INFLIGHT_MAX_SECONDS
     drain_seconds: float = 3600.0
     interference: float = 0.0  # alpha of the slowdown model; 0 = pods run at nominal speed
+    # Time-slicing: the share of a shared device's time that does useful work while two or more pods take turns on it
+    # (context switches cost the rest); 0 = no time-slicing slowdown.
+    timeslice_efficiency: float = TIMESLICE_EFFICIENCY
     seed: int = 1  # of the distributed device choice's tie-break
 
 
@@ -84,6 +103,9 @@ class PodOutcome:
     resource: str = ""
     count: int = 1
     slowdown: float | None = None  # run time / nominal duration, once the pod ended (interference model)
+    # Started on a device whose pods already held too much of its memory for this one: CUDA out-of-memory at
+    # start-up (time-slicing isolates no memory). The pod fails and holds nothing.
+    oom: bool = False
 
     @property
     def wait(self) -> float | None:
@@ -119,15 +141,30 @@ def choose_devices(
     free = node.free_devices(pod.resource)
     if how is DeviceChoice.LEAST_LOADED:
         free.sort(key=lambda d: (d.load(now), len(d.pods), d.position))
-    elif how is DeviceChoice.DISTRIBUTED and not (
+    elif how in (DeviceChoice.PLUGIN, DeviceChoice.DISTRIBUTED) and not (
         pod.resource == WHOLE_GPU_RESOURCE and node.replicas_of.get(pod.resource, 1) == 1
     ):
+        # distributedAlloc: fewest allocated replicas first; equal devices in no fixed order.
         draw = rng or random.Random(0)
         ties = {id(d): draw.random() for d in free}
         free.sort(key=lambda d: (len(d.pods), ties[id(d)]))
     else:
         free.sort(key=lambda d: (len(d.pods), d.position))
     return free[: pod.count]
+
+
+def timeslice_speed(device: DeviceState, now: float, efficiency: float) -> float:
+    """Nominal seconds per second of a pod on ``device``: 1 alone, ``min(1, E / U)`` among others asking ``U``."""
+    if efficiency <= 0 or len(device.pods) < 2:
+        return 1.0
+    demand = device.demand(now)
+    return min(1.0, efficiency / demand) if demand > 0 else 1.0
+
+
+def runs_out_of_memory(pod: PodSpec, chosen: list[DeviceState], now: float) -> bool:
+    """The pod's memory at start-up does not fit beside what the pods already on one of its devices hold."""
+    need = pod.mem_gb.at(0.0)
+    return any(d.memory_gb(now) + need > d.device.memory_gb + 1e-9 for d in chosen)
 
 
 def is_hot_placement(pod: PodSpec, chosen: list[DeviceState], pool: list[NodeState], now: float) -> bool:
@@ -167,6 +204,9 @@ class Simulation:
         self._order = itertools.count()
         self._waiting: list[tuple[PodSpec, PodOutcome]] = []
         self._device_rng = random.Random(f"devices/{settings.seed}")
+        # Pods change speed (and their end moves) with their neighbours' load, or their device's other replicas'.
+        self._timeslicing = settings.timeslice_efficiency > 0 and bool(fleet.shared_resources())
+        self._retiming = settings.interference > 0 or self._timeslicing
         nodes = list(self.cluster.nodes.values())
         self.result = RunResult(policy.name, [n.name for n in nodes], [n.tenant for n in nodes])
         self.result.probes = {p.name: [] for p in probes}
@@ -245,11 +285,12 @@ class Simulation:
                 if payload.number not in self.cluster.running or payload.end != now:
                     continue  # the pod's end moved (interference) and another event stands for it
                 self.cluster.finish(payload)
+                self._retime_sharers(now, payload.devices, payload)
                 if payload.outcome is not None and payload.spec.duration > 0:
                     payload.outcome.slowdown = (now - payload.start) / payload.spec.duration
                 self._retry_waiting(now)
             elif kind is _Event.SCRAPE:
-                if self.settings.interference > 0:
+                if self._retiming:
                     self._retime(now)
                 self.cluster.scrape(now)
                 self._recent.clear()  # the snapshot now shows every pod bound so far
@@ -292,19 +333,23 @@ class Simulation:
             return False
         node = self.cluster.nodes[decision.node]
         devices = choose_devices(node, pod, now, self.settings.device_choice, self._device_rng)
+        outcome.start, outcome.node = now, node.name
+        outcome.resource, outcome.count = pod.resource, pod.count
+        outcome.devices = tuple(d.device.key for d in devices)
+        if runs_out_of_memory(pod, devices, now):
+            outcome.oom = True  # the container fails at start-up; its replica is free again at once
+            return True
         outcome.hot = is_hot_placement(pod, devices, pool, now)
         outcome.hot_on_cool_node = outcome.hot and self._sampled_cool_with_room(node, pod)
         running = self.cluster.bind(pod, node, devices, now)
         running.outcome = outcome
-        if self.settings.interference > 0:
+        if self._retiming:
             running.rated_at = now
             running.rate = self._rate(node, running, now)
             running.end = now + pod.duration / running.rate
+            self._retime_sharers(now, devices, running)
         self._recent.append(running)
         self._push(running.end, _Event.END, running)
-        outcome.start, outcome.node = now, node.name
-        outcome.resource, outcome.count = pod.resource, pod.count
-        outcome.devices = tuple(d.device.key for d in devices)
         return True
 
     def _sampled_cool_with_room(self, node: NodeState, pod: PodSpec) -> bool:
@@ -324,12 +369,19 @@ class Simulation:
         return len(cool) >= pod.count
 
     def _rate(self, node: NodeState, pod: Running, now: float) -> float:
-        """Nominal seconds per second: ``1 / (1 + alpha x load of the node's other devices)``."""
-        return 1.0 / (1.0 + self.settings.interference * node.others_load(now, pod.devices))
+        """Nominal seconds per second: ``1 / (1 + alpha x load of the node's other devices)``, times the slowest of
+        its devices' time-slicing speeds."""
+        rate = 1.0
+        if self.settings.interference > 0:
+            rate = 1.0 / (1.0 + self.settings.interference * node.others_load(now, pod.devices))
+        if self._timeslicing:
+            rate *= min(timeslice_speed(d, now, self.settings.timeslice_efficiency) for d in pod.devices)
+        return rate
 
-    def _retime(self, now: float) -> None:
-        """Interference: every running pod's speed follows its neighbours' load; a changed speed moves its end."""
-        for pod in list(self.cluster.running.values()):
+    def _retime(self, now: float, pods: Iterable[Running] | None = None) -> None:
+        """Every running pod's (or ``pods``') speed follows its neighbours' load and its device's other replicas; a
+        changed speed moves its end."""
+        for pod in list(self.cluster.running.values()) if pods is None else pods:
             pod.done += (now - pod.rated_at) * pod.rate
             pod.rated_at = now
             rate = self._rate(self.cluster.nodes[pod.node], pod, now)
@@ -339,6 +391,11 @@ class Simulation:
                 if end != pod.end:
                     pod.end = end
                     self._push(end, _Event.END, pod)
+
+    def _retime_sharers(self, now: float, devices: Iterable[DeviceState], pod: Running) -> None:
+        """A pod came to or left ``devices``: the replicas taking turns there change speed now, not at the scrape."""
+        if self._timeslicing:
+            self._retime(now, {id(p): p for d in devices for p in d.pods if p is not pod}.values())
 
     def _retry_waiting(self, now: float) -> None:
         if not self._waiting:

@@ -103,6 +103,14 @@ class DeviceState:
             self._refresh(now)
         return self._hot
 
+    def demand(self, now: float) -> float:
+        """Utilisation its pods ask for at ``now``, summed and not clamped (above 1, they take turns)."""
+        return sum(pod.spec.util.at(now - pod.start) for pod in self.pods)
+
+    def memory_gb(self, now: float) -> float:
+        """GB its pods hold at ``now``, not clamped: above the device's GB, the newest pod ran out of memory."""
+        return sum(pod.spec.mem_gb.at(now - pod.start) for pod in self.pods)
+
     def attach(self, pod: Running) -> None:
         self.pods.append(pod)
         self._invalidate()
