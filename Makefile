@@ -16,7 +16,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images scheduler-image system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-extender mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images scheduler-image system-deps build clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
@@ -103,8 +103,8 @@ lab-reset:
 # `make test WITH_LAB=1` (what .ci/run does) runs `make lab` in the second lane too.
 comma := ,
 TEST_LANES = $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets$(comma))go-test,integration \
-	molecule-images,molecule,sanity$(if $(WITH_LAB),$(comma)lab) \
-	lint,typecheck,build,pytest,bench-mig
+	molecule-images,molecule,sanity$(if $(WITH_LAB),$(comma)lab),pytest-roles \
+	lint,typecheck,build,pytest-unit,pytest-extender,bench-mig
 test: venv collection-link system-deps
 	python tools/run_steps.py $(TEST_LANES)
 	@echo "make test: all checks passed"
@@ -126,8 +126,17 @@ build: venv
 
 # Two runs: the collection's tests and the extender package's each have their own rootdir, conftest and helpers.
 # The tests against the real control plane are their own target (`make integration`).
-pytest: venv collection-link system-deps
-	pytest tests -m "not integration"
+# Three parts, so that make test can put them in different lanes: the collection's unit tests, the roles'
+# playbook-running tests, the extender's.
+pytest: pytest-unit pytest-roles pytest-extender
+
+pytest-unit: venv collection-link system-deps
+	pytest tests -m "not integration" --ignore=tests/integration/roles
+
+pytest-roles: venv collection-link system-deps
+	pytest tests/integration/roles -m "not integration"
+
+pytest-extender: venv system-deps
 	cd extender && GPUFLEET_REQUIRE_PROMETHEUS=1 pytest
 
 # --- the real control plane ----------------------------------------------------------------------------------
