@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet_extender.mig_utils.placement import minimum_destroyed_keeping
 from gpufleet_extender.simulate import relayout
 from gpufleet_extender.simulate.relayout import (
     HOUR,
@@ -28,17 +29,8 @@ IMAGEGEN = [TWO_3G] * 4 + [[("2g.20gb", 0), ("2g.20gb", 2), ("2g.20gb", 4), ("1g
 
 @pytest.fixture(scope="module")
 def minimum_destroyed():
-    """The brute-force reference of benchmarks/bench_mig.py, loaded as the simulator loads it (from the root)."""
-    import os
-
-    cwd = os.getcwd()
-    os.chdir(REPO)
-    try:
-        found = relayout.load_minimum_destroyed()
-    finally:
-        os.chdir(cwd)
-    assert found is not None
-    return found
+    """The exhaustive reference the simulator checks each re-layout against (the one bench-mig uses)."""
+    return minimum_destroyed_keeping
 
 
 def test_the_minimum_keeps_the_held_instances(minimum_destroyed):
