@@ -82,6 +82,7 @@ def test_board_checks_each_rule_and_remove_undoes_place():
     assert (board.occupied, board.compute, board.counts) == (0b11111, 4, {"3g.40gb": 1, "1g.10gb": 1})
     board.remove(one_g, 4, 1)
     assert (board.occupied, board.compute, board.counts) == (0b1111, 3, {"3g.40gb": 1, "1g.10gb": 0})
+    assert Board(H100, [("1g.20gb", 0, 2), ("1g.20gb", 2, 2), ("1g.20gb", 4, 2)]).counts == {"1g.20gb": 3}
     # Compute: 3 x 1g.10gb leave 1 of TIGHT's 4 compute slices with 5 memory slices free.
     tight = Board(TIGHT, [("1g.10gb", s, 1) for s in range(3)])
     assert tight.fits(TIGHT.by_name["1g.10gb"], 3, 1)
