@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .exceptions import MigError
+from .names import MIG_RESOURCE_PREFIX, parse_profile_name
 from .placement import Catalog, Slot, mask, placement_size, walk_subsets
-from .spec import parse_profile_name
 
 DEFAULT_MAX_STATES = 200
 
@@ -452,9 +452,6 @@ def gpus_from_facts(
             GpuNow(node, int(gpu["index"]), catalog_from_facts(gpu.get("mig_profiles", [])), enabled, instances)
         )
     return result
-
-
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
 def demand_from_pods(pods: list[dict[str, Any]]) -> dict[str, int]:
