@@ -94,8 +94,10 @@ class Fleet:
         return sorted({n.tenant for n in self.nodes if n.tenant})
 
     def capacity(self, tenant: str | None, resource: str) -> int:
-        """Pod slots of ``resource`` in ``tenant``'s pool (devices x replicas)."""
-        return self.replicas * sum(len(n.devices_of(resource)) for n in self.nodes if n.tenant == tenant)
+        """Pod slots of ``resource`` in ``tenant``'s pool: devices x that pool's replicas (its ``sharing``, else
+        ``replicas``), as the tenants role counts a pool's capacity."""
+        devices = sum(len(n.devices_of(resource)) for n in self.nodes if n.tenant == tenant)
+        return self.replicas_for(tenant, resource) * devices
 
     def resources_of(self, tenant: str | None) -> list[str]:
         return sorted({d.resource for n in self.nodes if n.tenant == tenant for d in n.devices})
