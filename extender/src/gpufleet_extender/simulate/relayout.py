@@ -36,7 +36,7 @@ from typing import Any
 
 from gpufleet_extender.mig_utils.advisor import AdviceError, CurrentInstance, GpuNow, advise
 from gpufleet_extender.mig_utils.exceptions import MigError
-from gpufleet_extender.mig_utils.layout import node_layout
+from gpufleet_extender.mig_utils.layout import node_layout, product_or_default
 from gpufleet_extender.mig_utils.placement import minimum_destroyed_keeping
 from gpufleet_extender.mig_utils.planner import Catalog, validate_target
 from gpufleet_extender.mig_utils.profile_tables import H100_80GB
@@ -129,7 +129,9 @@ def day_trace(
 
 def inventory_pools(inventory: str | Path = DEFAULT_INVENTORY) -> dict[str, list[Layout]]:
     """Tenant -> per-GPU layouts (exact placements, as nvidia_mig places them on an empty GPU) of every node whose
-    GPUs are all MIG-enabled, read with ``ansible-inventory --list`` and expanded by the layout library."""
+    GPUs are all MIG-enabled, read with the fleet simulator's reader (``fleet.read_inventory``) and expanded by the
+    layout library for each host's ``gpufleet_gpu_product`` (the model covers H100 80GB pools, and says so for
+    others)."""
     try:
         data = read_inventory(inventory)
     except FleetError as exc:
@@ -144,8 +146,17 @@ def pools_from_inventory_data(data: Mapping[str, Any]) -> dict[str, list[Layout]
         hv = hostvars[host]
         if "mig_partition_config" not in hv or not hv.get("gpufleet_tenant"):
             continue
+        product = hv.get("gpufleet_gpu_product")
         try:
-            counts = node_layout(hv["mig_partition_config"], hv.get("gpufleet_gpus_per_node", 8))
+            table = product_or_default(product)
+        except MigError as exc:
+            raise RelayoutError(f"{host}: gpufleet_gpu_product: {exc.message}") from None
+        if table.product != H100_80GB.product:  # the model's advisor calls and reference work on H100 catalogs
+            raise RelayoutError(
+                f"{host}: gpufleet_gpu_product {table.product}: the re-layout model covers {H100_80GB.product} pools"
+            )
+        try:
+            counts = node_layout(hv["mig_partition_config"], hv.get("gpufleet_gpus_per_node", 8), product)
             if any(c is None for c in counts):
                 continue  # whole GPUs: not a MIG pool
             layouts = [[(s.profile, s.start) for s in validate_target(c or {}, H100, host)] for c in counts]
