@@ -215,14 +215,6 @@ def pack_score(load: float, target: float) -> int:
     return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * raw)))
 
 
-def resource_load(devices: Sequence[DeviceMetrics], policy: Policy, assumed: int = 0) -> float:
-    """Mean load of a node's devices of one resource; devices taken by ``assumed`` in-flight pods count as full
-    (those pods are running but no sample shows their load yet)."""
-    if not devices:
-        return 1.0
-    return _ranked_mean_load(_by_load(devices, policy), policy, assumed)
-
-
 def _ranked_mean_load(ranked: Sequence[DeviceMetrics], policy: Policy, assumed: int) -> float:
     taken = min(assumed, len(ranked))  # in-flight pods took the least-loaded devices (as in pick_devices)
     return (taken + sum(device_load(d, policy) for d in ranked[taken:])) / len(ranked)

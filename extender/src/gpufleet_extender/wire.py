@@ -257,9 +257,5 @@ def encode_filter_result(
     return _encoder.encode(result)
 
 
-def encode_priorities(hosts: list[str], scores: list[int]) -> bytes:
-    return _encoder.encode([HostPriority(host, score) for host, score in zip(hosts, scores, strict=True)])
-
-
 def encode(value: Any) -> bytes:
     return _encoder.encode(value)
