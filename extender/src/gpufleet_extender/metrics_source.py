@@ -210,6 +210,11 @@ def load_file(
     return snapshot, report
 
 
+def load_file_in_worker(path: str, node_labels: tuple[str, ...], mtime: float) -> tuple[MetricsSnapshot, FetchReport]:
+    """load_file as the parse worker runs it (parse_worker.ParseWorker's loader: module-level, so it pickles)."""
+    return load_file(path, node_labels, default_time=mtime, taken_at=0.0, version=0)
+
+
 class FileSource:
     name = "file"
     # A refresh stuck longer than this (a hung network filesystem) is reported as an error by the refresher.
@@ -229,7 +234,7 @@ class FileSource:
         self._max_skew = max_skew
         self._seen: tuple[int, int] | None = None
         self.report: FetchReport | None = None
-        self._worker = ParseWorker()
+        self._worker = ParseWorker(load_file_in_worker)
         self._previous = EMPTY_SNAPSHOT
 
     async def fetch(self, version: int) -> MetricsSnapshot | None:

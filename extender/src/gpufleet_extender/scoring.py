@@ -39,13 +39,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE, GpuRequest, ResourceRequest
 from gpufleet_extender.snapshot import DeviceMetrics, MetricsSnapshot, NodeMetrics
-
-if TYPE_CHECKING:  # config imports this module: the type only, no import cycle at run time
-    from gpufleet_extender.config import Settings
 
 MIN_SCORE = 0
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
@@ -70,6 +67,36 @@ class Mode(StrEnum):
 ModeMap = Mapping[str, Mode]  # resource -> mode in force (auto); resources not in it are scored spread
 
 
+class PolicySettings(Protocol):
+    """The settings a Policy is made of (config.Settings has them). A protocol, not config's class: config imports
+    this module for the defaults, and scoring stays free of settings handling."""
+
+    @property
+    def GPU_UTIL_THRESHOLD(self) -> float: ...
+    @property
+    def MEM_UTIL_THRESHOLD(self) -> float: ...
+    @property
+    def WEIGHT_GPU_UTIL(self) -> float: ...
+    @property
+    def WEIGHT_MEM_UTIL(self) -> float: ...
+    @property
+    def METRICS_MAX_AGE_SECONDS(self) -> float: ...
+    @property
+    def ON_MISSING_METRICS(self) -> str: ...
+    @property
+    def SCORING_STRATEGY(self) -> Strategy: ...
+    @property
+    def PACK_TARGET_UTIL(self) -> float: ...
+    @property
+    def AUTO_PACK_BELOW(self) -> float: ...
+    @property
+    def AUTO_HYSTERESIS(self) -> float: ...
+    @property
+    def SHARED_RESOURCES(self) -> Mapping[str, int]: ...
+    @property
+    def INTERFERENCE_WEIGHT(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     gpu_util_threshold: float = 0.8
@@ -86,7 +113,7 @@ class Policy:
     interference_weight: float = 0.0  # INTERFERENCE_WEIGHT: 0 = spread ignores the node's other devices
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Policy:
+    def from_settings(cls, settings: PolicySettings) -> Policy:
         return cls(
             gpu_util_threshold=settings.GPU_UTIL_THRESHOLD,
             mem_util_threshold=settings.MEM_UTIL_THRESHOLD,
