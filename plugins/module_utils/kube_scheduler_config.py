@@ -23,6 +23,8 @@ import re
 from collections.abc import Collection
 from typing import Any
 
+from .exceptions import MigError
+
 API_VERSION = "kubescheduler.config.k8s.io/v1"
 KIND = "KubeSchedulerConfiguration"
 
@@ -501,7 +503,7 @@ def scheduler_config_errors(config: object, out_of_tree_plugins: Collection[str]
 # --- the kubeadm static pod manifest -------------------------------------------------------------------------------
 
 
-class ManifestError(ValueError):
+class ManifestError(MigError):
     """The static pod manifest is not the kube-scheduler Pod this patch expects."""
 
 

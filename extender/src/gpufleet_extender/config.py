@@ -32,6 +32,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpufleet_extender.errors import ExtenderError
 from gpufleet_extender.scoring import Policy
 from gpufleet_extender.scoring import Strategy as ScoringStrategy  # spread | pack | auto, described there
 
@@ -42,7 +43,7 @@ _DEFAULT_POLICY = Policy()  # the one place the scoring defaults are written
 CONFIG_FILE_ENV = "GPUFLEET_EXTENDER_CONFIG"
 
 
-class SettingsError(ValueError):
+class SettingsError(ExtenderError, ValueError):
     """Settings cannot be used; the message is meant for a person."""
 
 

@@ -36,6 +36,7 @@ from typing import Any, Protocol, cast
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet_extender.errors import ExtenderError
 from gpufleet_extender.parse_worker import ParseWorker, WorkerUnavailable
 from gpufleet_extender.snapshot import (
     DCGM_METRICS,
@@ -57,7 +58,7 @@ WORKER_MIN_BYTES = 256 * 1024  # about 2,000 lines: smaller files parse in a thr
 log = logging.getLogger(__name__)
 
 
-class MetricsSourceError(RuntimeError):
+class MetricsSourceError(ExtenderError, RuntimeError):
     """The source could not be read; the previous snapshot stays and ages."""
 
 

@@ -20,8 +20,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from gpufleet_extender.errors import ExtenderError
 
-class WireError(ValueError):
+
+class WireError(ExtenderError, ValueError):
     """The request body is not a usable ExtenderArgs; ``status`` is the HTTP status to answer."""
 
     def __init__(self, message: str, status: int = 422) -> None:

@@ -18,6 +18,7 @@ _TREE = Path(tempfile.mkdtemp(prefix="gpufleet-collections-"))
 (_TREE / "ansible_collections" / "gpufleet" / "mig").symlink_to(REPO)
 sys.path.insert(0, str(_TREE))
 
+from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError  # noqa: E402
 from ansible_collections.gpufleet.mig.plugins.module_utils.kube_scheduler_config import (  # noqa: E402
     ManifestError,
     is_extended_resource_name,
@@ -389,8 +390,10 @@ def test_unexpected_manifests_are_refused_with_a_reason(kubeadm_manifest, mutate
 
 
 def test_the_config_file_must_be_in_the_mounted_directory(kubeadm_manifest):
-    with pytest.raises(ManifestError, match="must be inside the mounted directory"):
+    # A MigError like every error of module_utils: the filter and the modules catch one root.
+    with pytest.raises(MigError, match="must be inside the mounted directory") as refused:
         patch_static_pod_manifest(kubeadm_manifest, "/etc/kubernetes/scheduler-config.yaml", CONFIG_DIR, "abc123")
+    assert isinstance(refused.value, ManifestError) and refused.value.message.startswith("the config file ")
 
 
 # --- plugins the scheduler binary registers ---------------------------------------------------------------------------

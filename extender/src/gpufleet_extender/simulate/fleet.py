@@ -32,13 +32,14 @@ from gpufleet_extender.mig_utils import names
 from gpufleet_extender.mig_utils.exceptions import MigError
 from gpufleet_extender.mig_utils.layout import memory_gb, node_layout
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE
+from gpufleet_extender.simulate.errors import SimulationError
 
 DEFAULT_INVENTORY = Path("inventories/hongkong")
 DEFAULT_GPU_MEMORY_GB = 80.0  # H100 SXM 80GB, the fleet's card
 _PRODUCT_MEMORY = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
 
 
-class FleetError(ValueError):
+class FleetError(SimulationError):
     """The fleet description cannot be used; the message is meant for a person."""
 
 

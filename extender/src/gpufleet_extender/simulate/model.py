@@ -36,6 +36,7 @@ from typing import Any
 
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE
 from gpufleet_extender.scoring import Policy, below_thresholds, tenant_mismatch
+from gpufleet_extender.simulate.errors import SimulationError as SimulationError  # re-exported: its old home
 from gpufleet_extender.simulate.fleet import Fleet
 from gpufleet_extender.simulate.policies import PlacementPolicy, SchedulerView
 from gpufleet_extender.simulate.state import DeviceState, NodeState, Running, SimCluster
@@ -46,10 +47,6 @@ class DeviceChoice(StrEnum):
     PLUGIN = "plugin"
     LEAST_LOADED = "least-loaded"
     DISTRIBUTED = "distributed"
-
-
-class SimulationError(ValueError):
-    """The fleet and trace cannot be simulated together; the message is meant for a person."""
 
 
 @dataclass(frozen=True, slots=True)

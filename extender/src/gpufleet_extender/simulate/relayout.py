@@ -40,6 +40,7 @@ from gpufleet_extender.mig_utils.layout import node_layout, product_or_default
 from gpufleet_extender.mig_utils.placement import minimum_destroyed_keeping
 from gpufleet_extender.mig_utils.planner import Catalog, validate_target
 from gpufleet_extender.mig_utils.profile_tables import H100_80GB
+from gpufleet_extender.simulate.errors import SimulationError
 from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, FleetError, read_inventory
 
 H100 = Catalog.from_table(H100_80GB)
@@ -53,7 +54,7 @@ DRAIN_SECONDS = HOUR  # after the last arrival; a pod still waiting then counts 
 Layout = list[tuple[str, int]]  # one GPU: (profile, start) of each instance
 
 
-class RelayoutError(ValueError):
+class RelayoutError(SimulationError):
     """Bad input for the re-layout simulation; the message is meant for a person."""
 
 

@@ -31,11 +31,12 @@ from typing import Any
 
 from gpufleet_extender.mig_utils.names import RESOURCE_FORMS, resource_name
 from gpufleet_extender.pods import ResourceRequest
+from gpufleet_extender.simulate.errors import SimulationError
 
 CSV_FIELDS = ("arrival", "namespace", "tenant", "resource", "count", "duration", "util", "mem_gb", "name")
 
 
-class TraceError(ValueError):
+class TraceError(SimulationError):
     """A trace entry cannot be used; the message names the file and line."""
 
 
