@@ -132,11 +132,16 @@ def resource_name(name: object) -> str | None:
     a short form of either (``gpu``, ``mig-1g.10gb``, ``1g.10gb``); None when it is neither."""
     if not isinstance(name, str):
         return None
-    short = name.strip().removeprefix("nvidia.com/")
+    short = _without_prefix(name.strip(), "nvidia.com/")
     if short == "gpu":
         return WHOLE_GPU_RESOURCE
-    profile = short.removeprefix("mig-")
+    profile = _without_prefix(short, "mig-")
     return mig_resource(profile) if is_device_profile(profile) else None
+
+
+def _without_prefix(text: str, prefix: str) -> str:
+    # str.removeprefix is Python 3.9+; module_utils also runs on the nodes' Python.
+    return text[len(prefix) :] if text.startswith(prefix) else text
 
 
 def parse_sharing(value: Any, where: str) -> tuple[dict[str, int], list[str]]:
