@@ -167,7 +167,7 @@ integration: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_A
 # target on the simulated GPU, the brute-force minimum destroyed and every busy instance alive, so the suite runs it;
 # bench-extender takes minutes.
 bench-mig: venv collection-link
-	python benchmarks/bench_mig.py --transitions 500 --seed 7
+	PYTHONPATH=$(CURDIR)/build/collections python benchmarks/bench_mig.py --transitions 500 --seed 7
 
 # Mutation testing of the core (planner, runner, spec; the extender's scoring, pods, wire, snapshot): prints the
 # killed share per file and writes the survivors to build/mutation/survivors.txt. Tens of minutes on two cores, so
@@ -179,7 +179,7 @@ mutation: venv collection-link
 # The MIG layout advisor on the Hong Kong pools: demand served, instances changed, time; exits 1 if an allocated
 # instance is destroyed or a changed GPU destroys more than the brute-force minimum.
 bench-mig-advice: venv collection-link
-	python benchmarks/mig_advice.py --seed 1
+	PYTHONPATH=$(CURDIR)/build/collections python benchmarks/mig_advice.py --seed 1
 
 bench-extender: venv
 	python extender/benchmarks/bench_extender.py

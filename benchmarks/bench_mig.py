@@ -11,7 +11,7 @@ one GPU it reads the GPU's instances through NVML calls before and after the run
   (BusyInstanceError) before any write and the GPU must be unchanged.
 It prints the totals next to what mig-parted does (it rebuilds every GPU whose layout differs).
 
-    python3 benchmarks/bench_mig.py [--transitions 500] [--seed 7] [--product "NVIDIA H200"]
+    PYTHONPATH=build/collections python3 benchmarks/bench_mig.py [--transitions 500] [--seed 7] [--product ...]
 
 Exit status 1 on any failed check. `--runner creates-nothing` or `--runner ignores-busy` runs the same checks on a
 deliberately broken runner, to show that the benchmark catches it (both exit 1).
@@ -27,66 +27,19 @@ import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _import_collection():
-    """Make ansible_collections.gpufleet.mig importable from this checkout (a symlink tree in a temp dir)."""
-    tree = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
-    (tree / "ansible_collections" / "gpufleet").mkdir(parents=True)
-    (tree / "ansible_collections" / "gpufleet" / "mig").symlink_to(REPO)
-    sys.path.insert(0, str(tree))
-
 
 try:
-    import ansible_collections.gpufleet.mig  # noqa: F401  (already importable, e.g. under pytest)
+    from ansible_collections.gpufleet.mig.plugins.module_utils import runner
 except ImportError:
-    _import_collection()
-
-from ansible_collections.gpufleet.mig.plugins.module_utils import runner  # noqa: E402
-from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import BusyInstanceError, MigError  # noqa: E402
-from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml, new_state  # noqa: E402
-from ansible_collections.gpufleet.mig.plugins.module_utils.planner import Catalog  # noqa: E402
-from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import product_table  # noqa: E402
-
-
-def all_layouts(wanted: dict[str, int], catalog: Catalog):
-    """Every valid full placement of `wanted` (sets of (profile, start)), by exhaustive enumeration.
-
-    Deliberately naive and independent of the planner's search: it is the reference the planner is checked against.
-    """
-    items = [name for name in sorted(wanted) for _ in range(wanted[name])]
-
-    def extend(i: int, used: frozenset, compute: int, chosen: tuple, min_start: int):
-        if i == len(items):
-            yield frozenset(chosen)
-            return
-        profile = catalog.by_name[items[i]]
-        for start, size in profile.placements:
-            cells = frozenset(range(start, start + size))
-            if start < min_start or cells & used or compute + profile.slice_count > catalog.compute_slices:
-                continue
-            # Instances of one profile are interchangeable: take their starts in increasing order.
-            same_next = i + 1 < len(items) and items[i + 1] == items[i]
-            yield from extend(
-                i + 1,
-                used | cells,
-                compute + profile.slice_count,
-                (*chosen, (profile.name, start)),
-                start + 1 if same_next else 0,
-            )
-
-    yield from extend(0, frozenset(), 0, (), 0)
-
-
-def minimum_destroyed(current: list[tuple[str, int]], wanted: dict[str, int], catalog: Catalog) -> int:
-    """Fewest existing instances any valid placement of `wanted` must destroy (instances are (profile, start))."""
-    best_overlap = max((len(layout & set(current)) for layout in all_layouts(wanted, catalog)), default=None)
-    if best_overlap is None:
-        raise ValueError(f"no valid placement for {wanted}")
-    return len(current) - best_overlap
+    sys.exit("bench_mig: gpufleet.mig is not importable: run `make bench-mig`, or put build/collections on PYTHONPATH")
+from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import BusyInstanceError, MigError
+from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml, new_state
+from ansible_collections.gpufleet.mig.plugins.module_utils.placement import (
+    Catalog,
+    all_layouts,
+    minimum_destroyed_keeping,
+)
+from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import product_table
 
 
 def random_layout(rng: random.Random, catalog: Catalog, base: dict[str, int] | None = None) -> dict[str, int]:
@@ -133,14 +86,6 @@ def observe(nvml, catalog: Catalog, index: int = 0) -> list[Observed]:
         for device in nvml.mig_devices(index)
     ]
     return sorted(seen, key=lambda o: o.start)
-
-
-def minimum_destroyed_keeping(
-    current: list[tuple[str, int]], wanted: dict[str, int], busy: set[tuple[str, int]], catalog: Catalog
-) -> int | None:
-    """Fewest of `current` destroyed by a placement of `wanted` that keeps every `busy` one; None if none can."""
-    overlaps = [len(layout & set(current)) for layout in all_layouts(wanted, catalog) if busy <= layout]
-    return len(current) - max(overlaps) if overlaps else None
 
 
 def layout_problems(after: list[Observed], wanted: dict[str, int], catalog: Catalog) -> list[str]:

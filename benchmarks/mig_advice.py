@@ -5,9 +5,9 @@ For each pool (its inventory layout, about half of the instances held by pods, s
 whether the search was exact, the demand served against the demand and the upper bound (compute slices), the
 instances destroyed and created, the largest number of count vectors held, and the time. It checks, and exits 1
 otherwise, that no allocated instance is destroyed and that every changed GPU destroys exactly the brute-force
-minimum for its new layout (benchmarks/bench_mig.py's reference, as `make bench-mig` does).
+minimum for its new layout (placement.minimum_destroyed_keeping, the reference `make bench-mig` uses).
 
-    python3 benchmarks/mig_advice.py [--seed 1] [--max-states 200]
+    PYTHONPATH=build/collections python3 benchmarks/mig_advice.py [--seed 1] [--max-states 200]
 """
 
 from __future__ import annotations
@@ -16,12 +16,9 @@ import argparse
 import random
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_mig
 from ansible_collections.gpufleet.mig.plugins.module_utils.advisor import CurrentInstance, GpuNow, advise
-from ansible_collections.gpufleet.mig.plugins.module_utils.planner import Catalog
+from ansible_collections.gpufleet.mig.plugins.module_utils.placement import Catalog, minimum_destroyed_keeping
 from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import H100_80GB
 
 H100 = Catalog.from_table(H100_80GB)
@@ -75,7 +72,7 @@ def check(gpus: list[GpuNow], advice) -> list[str]:
             # those, so the unconstrained minimum can be lower than any layout it may choose.
             held = {(i.profile, i.start) for i in current.instances if i.allocated}
             instances = [(i.profile, i.start) for i in current.instances]
-            minimum = bench_mig.minimum_destroyed_keeping(instances, gpu.counts(), held, H100)
+            minimum = minimum_destroyed_keeping(instances, gpu.counts(), held, H100)
             if len(gpu.destroy) != minimum:
                 problems.append(f"{gpu.node} GPU {gpu.index}: destroys {len(gpu.destroy)}, minimum {minimum}")
     return problems

@@ -20,7 +20,6 @@ from gpufleet_extender.scoring import (
     fleet_mean_load,
     next_mode,
     pack_score,
-    resource_load,
 )
 from gpufleet_extender.service import Extender
 from gpufleet_extender.snapshot import DeviceMetrics, MetricsSnapshot, NodeMetrics, build_snapshot
@@ -84,13 +83,6 @@ def test_pack_score_rises_to_the_target_then_falls():
 def test_pack_score_clamps_loads_outside_0_1():
     assert pack_score(-0.5, 0.6) == pack_score(0.0, 0.6)
     assert pack_score(1.5, 0.6) == 0
-
-
-def test_resource_load_counts_devices_of_in_flight_pods_as_full():
-    devices = [DeviceMetrics(str(i), *pair) for i, pair in enumerate([BUSY, IDLE, IDLE, IDLE])]
-    assert resource_load(devices, Policy()) == pytest.approx(0.2)
-    assert resource_load(devices, Policy(), assumed=2) == pytest.approx((0.8 + 2 * 1.0) / 4)
-    assert resource_load(devices, Policy(), assumed=9) == pytest.approx(1.0)
 
 
 # --- ordering on hand-made node sets ---------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from gpufleet_extender.wire import (
     encode,
     encode_filter_pieces,
     encode_filter_result,
-    encode_priorities,
 )
 
 from extender_helpers import body, make_pod, names_args, node_obj, nodes_args
@@ -66,11 +65,6 @@ def test_full_nodes_come_back_byte_for_byte():
     assert answer["Nodes"]["items"] == [nodes[0]]  # every field kept, including ones the extender ignores
     # The item is the request's own text, not a re-encoding.
     assert json.dumps(nodes[0], separators=(",", ":")).encode() in encode_filter_result(request.nodes, [0], {}, {})
-
-
-def test_priority_list_shape():
-    answer = json.loads(encode_priorities(["n1", "n2"], [10, 0]))
-    assert answer == [{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 0}]
 
 
 DEEP = b"[" * 100_000 + b"]" * 100_000  # deeper than msgspec's parser goes
@@ -199,8 +193,3 @@ def test_everything_passed_answers_with_the_received_names_text_verbatim():
     answer = encode_filter_result(request.nodes, None, {}, {})
     assert received in answer
     assert json.loads(answer)["NodeNames"] == ["n1", "café"]
-
-
-def test_priorities_refuse_hosts_and_scores_of_different_lengths():
-    with pytest.raises(ValueError):
-        encode_priorities(["n1", "n2"], [10])

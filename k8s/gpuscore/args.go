@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"reflect"
 	"sort"
 	"strings"
 
@@ -76,16 +77,30 @@ func DefaultArgs() Args {
 	}
 }
 
+// ParseArgs decodes and validates the plugin's args (nil: all defaults) and returns every problem, in the words
+// of the extender's check (gpufleet-extender check-config --plugin-args, which the kube_scheduler role runs before
+// deploying): an unknown name or a JSON value of the wrong type is one problem each (that argument keeps its
+// default), then every rule of Validate.
+func ParseArgs(obj runtime.Object) (Args, []string) {
+	args, problems := readArgs(obj)
+	return args, append(problems, args.problems()...)
+}
+
 // DecodeArgs reads the plugin's args (nil: all defaults) strictly: an unknown or mistyped field is an error,
-// so a typo does not silently fall back to a default.
+// so a typo does not silently fall back to a default. The error lists every such field.
 func DecodeArgs(obj runtime.Object) (Args, error) {
+	args, problems := readArgs(obj)
+	return args, joined(problems)
+}
+
+func readArgs(obj runtime.Object) (Args, []string) {
 	args := DefaultArgs()
 	if obj == nil {
 		return args, nil
 	}
 	unknown, ok := obj.(*runtime.Unknown)
 	if !ok {
-		return args, fmt.Errorf("want args of type runtime.Unknown, got %T", obj)
+		return args, []string{fmt.Sprintf("want args of type runtime.Unknown, got %T", obj)}
 	}
 	raw := unknown.Raw
 	if len(raw) == 0 {
@@ -94,29 +109,87 @@ func DecodeArgs(obj runtime.Object) (Args, error) {
 	if unknown.ContentType == runtime.ContentTypeYAML {
 		converted, err := yaml.YAMLToJSON(raw)
 		if err != nil {
-			return args, err
+			return args, []string{err.Error()}
 		}
 		raw = converted
 	}
 	return args, decodeStrict(raw, &args)
 }
 
-func decodeStrict(raw []byte, into *Args) error {
+// argKinds: the JSON type each Go field type decodes from, as the problems say it (plugin_args.py's words).
+var argKinds = map[reflect.Type]string{
+	reflect.TypeOf(0.0):              "a number",
+	reflect.TypeOf(""):               "a string",
+	reflect.TypeOf(Strategy("")):     "a string",
+	reflect.TypeOf(false):            "true or false",
+	reflect.TypeOf([]string{}):       "a list of strings",
+	reflect.TypeOf(map[string]int{}): "a mapping of resource name to whole replicas",
+}
+
+// decodeStrict decodes each argument on its own, so that every unknown name and every mistyped value is reported
+// (encoding/json stops at the first). A JSON null is what encoding/json makes of it: an empty list or mapping, the
+// default for the others.
+func decodeStrict(raw []byte, into *Args) []string {
+	var fields map[string]json.RawMessage
 	decoder := json.NewDecoder(bytes.NewReader(raw))
-	decoder.DisallowUnknownFields()
-	if err := decoder.Decode(into); err != nil {
-		return err
+	if err := decoder.Decode(&fields); err != nil {
+		var syntax *json.SyntaxError
+		if errors.As(err, &syntax) {
+			return []string{err.Error()}
+		}
+		return []string{"args must be a mapping of argument name to value"}
 	}
 	if decoder.More() {
-		return errors.New("unexpected data after the args object")
+		return []string{"unexpected data after the args object"}
 	}
-	return nil
+	targets := map[string]reflect.Value{}
+	value := reflect.ValueOf(into).Elem()
+	for i := 0; i < value.NumField(); i++ {
+		name, _, _ := strings.Cut(value.Type().Field(i).Tag.Get("json"), ",")
+		targets[name] = value.Field(i)
+	}
+	var problems []string
+	for _, name := range sortedKeys(fields) {
+		target, known := targets[name]
+		if !known {
+			problems = append(problems, name+": unknown argument")
+			continue
+		}
+		if string(bytes.TrimSpace(fields[name])) == "null" {
+			if kind := target.Kind(); kind == reflect.Slice || kind == reflect.Map {
+				target.Set(reflect.Zero(target.Type()))
+			}
+			continue
+		}
+		decoded := reflect.New(target.Type())
+		if err := json.Unmarshal(fields[name], decoded.Interface()); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: must be %s", name, argKinds[target.Type()]))
+			continue
+		}
+		target.Set(decoded.Elem())
+	}
+	return problems
 }
 
 // Validate applies the extender's Settings rules; the error lists every problem.
-func (a *Args) Validate() error {
+func (a *Args) Validate() error { return joined(a.problems()) }
+
+func joined(problems []string) error {
+	if len(problems) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(problems, "; "))
+}
+
+// problems are the extender's Settings rules in its own words (plugin_args.py): each field on its own, then each
+// rule between fields whose fields are all valid, so that one pass shows every problem.
+func (a *Args) problems() []string {
 	var problems []string
-	bad := func(format string, values ...any) { problems = append(problems, fmt.Sprintf(format, values...)) }
+	invalid := map[string]bool{}
+	bad := func(field, format string, values ...any) {
+		invalid[field] = true
+		problems = append(problems, fmt.Sprintf(format, values...))
+	}
 	inRange := func(name string, value, low, high float64, lowOpen, highOpen bool) {
 		if math.IsNaN(value) || (lowOpen && value <= low) || (!lowOpen && value < low) ||
 			(highOpen && value >= high) || (!highOpen && value > high) {
@@ -127,11 +200,11 @@ func (a *Args) Validate() error {
 			if highOpen {
 				right = ")"
 			}
-			bad("%s: %g is not in %s%g, %g%s", name, value, left, low, high, right)
+			bad(name, "%s: %g is not in %s%g, %g%s", name, value, left, low, high, right)
 		}
 	}
 	if !strings.HasPrefix(a.PrometheusURL, "http://") && !strings.HasPrefix(a.PrometheusURL, "https://") {
-		bad("prometheusURL: must start with http:// or https:// (got %q)", a.PrometheusURL)
+		bad("prometheusURL", "prometheusURL: must start with http:// or https:// (got %q)", a.PrometheusURL)
 	}
 	inRange("prometheusTimeoutSeconds", a.PrometheusTimeoutSeconds, 0, 60, true, false)
 	inRange("gpuUtilThreshold", a.GPUUtilThreshold, 0, 1, true, false)
@@ -152,43 +225,51 @@ func (a *Args) Validate() error {
 			wrongNames = append(wrongNames, resource)
 		}
 		if replicas := a.SharedResources[resource]; replicas < 1 || replicas > maxReplicas {
-			bad("sharedResources: %s: %d replicas is not in [1, %d]", resource, replicas, maxReplicas)
+			bad("sharedResources", "sharedResources: %s: %d replicas is not in [1, %d]", resource, replicas, maxReplicas)
 		}
 	}
-	if len(wrongNames) > 0 {
-		bad("sharedResources: names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got %s",
+	// As the extender: the names are judged once every entry's replicas are.
+	if len(wrongNames) > 0 && !invalid["sharedResources"] {
+		bad("sharedResources", "sharedResources: names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got %s",
 			strings.Join(wrongNames, ", "))
 	}
 	if a.OnMissingMetrics != "allow" && a.OnMissingMetrics != "deny" {
-		bad("onMissingMetrics: must be allow or deny (got %q)", a.OnMissingMetrics)
+		bad("onMissingMetrics", "onMissingMetrics: must be allow or deny (got %q)", a.OnMissingMetrics)
 	}
 	if len(a.NodeNameLabels) == 0 {
-		bad("nodeNameLabels: needs at least one label name, e.g. [Hostname, hostname]")
+		bad("nodeNameLabels", "nodeNameLabels: needs at least one label name, e.g. Hostname,hostname")
 	}
 	switch a.ScoringStrategy {
 	case StrategySpread, StrategyPack, StrategyAuto:
 	default:
-		bad("scoringStrategy: must be spread, pack or auto (got %q)", a.ScoringStrategy)
+		bad("scoringStrategy", "scoringStrategy: must be spread, pack or auto (got %q)", a.ScoringStrategy)
 	}
-	if len(problems) > 0 {
-		// The rules below compare fields: like the extender, check them only once each field is valid.
-		return errors.New(strings.Join(problems, "; "))
+	valid := func(fields ...string) bool {
+		for _, field := range fields {
+			if invalid[field] {
+				return false
+			}
+		}
+		return true
 	}
+	// The rules between fields, each once its fields are valid.
 	// The score is 10 x (1 - load); load stays in 0..1 only when the weights add up to 1.
-	if total := a.WeightGPUUtil + a.WeightMemUtil; math.Abs(total-1) > 1e-6 {
-		bad("weightGPUUtil + weightMemUtil must be 1.0 (got %g + %g = %g)", a.WeightGPUUtil, a.WeightMemUtil, total)
-	} else if a.ScoringStrategy != StrategySpread && a.PackTargetUtil >= a.GPUUtilThreshold {
-		// Packing aims below the filter's threshold, or it would rank highest the nodes about to be refused.
-		bad("packTargetUtil (%g) must be below gpuUtilThreshold (%g) with scoringStrategy %s",
-			a.PackTargetUtil, a.GPUUtilThreshold, a.ScoringStrategy)
-	} else if a.ScoringStrategy == StrategyAuto && a.AutoPackBelow+a.AutoHysteresis >= 1 {
-		bad("autoPackBelow + autoHysteresis must be below 1 (got %g + %g): auto would never spread",
-			a.AutoPackBelow, a.AutoHysteresis)
+	if total := a.WeightGPUUtil + a.WeightMemUtil; valid("weightGPUUtil", "weightMemUtil") && math.Abs(total-1) > 1e-6 {
+		problems = append(problems, fmt.Sprintf("weightGPUUtil + weightMemUtil must be 1.0 (got %g + %g = %.6g)",
+			a.WeightGPUUtil, a.WeightMemUtil, total))
 	}
-	if len(problems) > 0 {
-		return errors.New(strings.Join(problems, "; "))
+	// Packing aims below the filter's threshold, or it would rank highest the nodes about to be refused.
+	if valid("scoringStrategy", "packTargetUtil", "gpuUtilThreshold") && a.ScoringStrategy != StrategySpread &&
+		a.PackTargetUtil >= a.GPUUtilThreshold {
+		problems = append(problems, fmt.Sprintf("packTargetUtil (%g) must be below gpuUtilThreshold (%g) with scoringStrategy=%s",
+			a.PackTargetUtil, a.GPUUtilThreshold, a.ScoringStrategy))
 	}
-	return nil
+	if valid("scoringStrategy", "autoPackBelow", "autoHysteresis") && a.ScoringStrategy == StrategyAuto &&
+		a.AutoPackBelow+a.AutoHysteresis >= 1 {
+		problems = append(problems, fmt.Sprintf("autoPackBelow + autoHysteresis must be below 1 (got %g + %g): auto would never spread",
+			a.AutoPackBelow, a.AutoHysteresis))
+	}
+	return problems
 }
 
 // Policy is the decision policy these args describe.

@@ -53,11 +53,8 @@ var (
 
 // New builds GPUScore from its args; invalid args stop the scheduler with the list of problems.
 func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
-	args, err := DecodeArgs(obj)
-	if err == nil {
-		err = args.Validate()
-	}
-	if err != nil {
+	args, problems := ParseArgs(obj)
+	if err := joined(problems); err != nil {
 		return nil, fmt.Errorf("invalid %s args: %w", Name, err)
 	}
 	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds),

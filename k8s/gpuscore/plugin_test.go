@@ -258,12 +258,16 @@ func TestAutoModesMoveOncePerSnapshot(t *testing.T) {
 func TestNewRefusesInvalidArgsWithEveryProblem(t *testing.T) {
 	cases := map[string]string{
 		`{"weightGPUUtil": 0.5}`:                                  "weightGPUUtil + weightMemUtil must be 1.0 (got 0.5 + 0.3 = 0.8)",
-		`{"prometheusURL": "prometheus:9090", "threshold": 0.8}`:  `unknown field "threshold"`,
+		`{"prometheusURL": "prometheus:9090", "threshold": 0.8}`:  `threshold: unknown argument; prometheusURL: must start with http:// or https:// (got "prometheus:9090")`,
 		`{"gpuUtilThreshold": 1.5, "scoringStrategy": "binpack"}`: "gpuUtilThreshold: 1.5 is not in (0, 1]; scoringStrategy: must be spread, pack or auto",
 		`{"scoringStrategy": "pack", "packTargetUtil": 0.8}`:      "packTargetUtil (0.8) must be below gpuUtilThreshold (0.8)",
-		`{"weightGPUUtil": "0.7"}`:                                "cannot unmarshal string",
-		`{"sharedResources": {"example.com/fpga": 2, "nvidia.com/mig-1g.10gb": 65}}`: "sharedResources: nvidia.com/mig-1g.10gb: 65 replicas is not in [1, 64]; " +
-			"sharedResources: names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got example.com/fpga",
+		`{"weightGPUUtil": "0.7", "tenantPools": 1}`:              "tenantPools: must be true or false; weightGPUUtil: must be a number",
+		// The names are judged once every entry's replicas are (as the extender does).
+		`{"sharedResources": {"example.com/fpga": 2, "nvidia.com/mig-1g.10gb": 65}}`: "sharedResources: nvidia.com/mig-1g.10gb: 65 replicas is not in [1, 64]",
+		`{"sharedResources": {"example.com/fpga": 2}}`:                               "sharedResources: names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got example.com/fpga",
+		// Each rule between fields is checked, not only the first that fails.
+		`{"weightGPUUtil": 0.9, "scoringStrategy": "auto", "packTargetUtil": 0.85, "autoPackBelow": 0.7, "autoHysteresis": 0.5}`: "weightGPUUtil + weightMemUtil must be 1.0 (got 0.9 + 0.3 = 1.2); " +
+			"packTargetUtil (0.85) must be below gpuUtilThreshold (0.8) with scoringStrategy=auto; autoPackBelow + autoHysteresis must be below 1 (got 0.7 + 0.5): auto would never spread",
 		`{"interferenceWeight": 12}`: "interferenceWeight: 12 is not in [0, 10]",
 	}
 	for raw, want := range cases {

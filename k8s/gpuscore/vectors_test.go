@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"testing"
 
@@ -28,8 +29,9 @@ type vectorNode struct {
 type vectorFile struct {
 	Version int `json:"version"`
 	Args    []struct {
-		Args  json.RawMessage `json:"args"`
-		Valid bool            `json:"valid"`
+		Args   json.RawMessage `json:"args"`
+		Valid  bool            `json:"valid"`
+		Errors []string        `json:"errors"`
 	} `json:"args"`
 	Decisions []struct {
 		Args       json.RawMessage           `json:"args"`
@@ -146,11 +148,16 @@ func requestOf(t *testing.T, pairs [][2]json.RawMessage) []ResourceRequest {
 	return request
 }
 
+// Every problem, in the same words as the extender's check (the order aside: each side lists fields in its own).
 func TestVectorsArgs(t *testing.T) {
 	for i, c := range loadVectors(t).Args {
-		_, err := decodeArgs(c.Args)
-		if (err == nil) != c.Valid {
-			t.Errorf("args[%d] %s: extender valid=%v, plugin error %v", i, c.Args, c.Valid, err)
+		_, problems := ParseArgs(&runtime.Unknown{Raw: c.Args, ContentType: runtime.ContentTypeJSON})
+		if (len(problems) == 0) != c.Valid {
+			t.Errorf("args[%d] %s: extender valid=%v, plugin problems %q", i, c.Args, c.Valid, problems)
+		}
+		got, want := slices.Sorted(slices.Values(problems)), slices.Sorted(slices.Values(c.Errors))
+		if !slices.Equal(got, want) {
+			t.Errorf("args[%d] %s:\n plugin   %q\n extender %q", i, c.Args, got, want)
 		}
 	}
 }

@@ -11,6 +11,7 @@ from collections import Counter
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError
 from ansible_collections.gpufleet.mig.plugins.module_utils.layout import node_layout, profile_slices
+from ansible_collections.gpufleet.mig.plugins.module_utils.names import WHOLE_GPU_RESOURCE, mig_resource
 
 DOCUMENTATION_NOTE = """
 Resource names follow the NVIDIA device plugin's mixed strategy: every MIG profile whose compute instance spans the
@@ -44,7 +45,7 @@ def mig_node_resources(config, gpu_count, product=None, replicas=None) -> dict:
     """Extended resources the node exposes under the device plugin's mixed strategy; a resource the plugin
     time-slices (`replicas`, resource -> replicas per device) is advertised devices x replicas times."""
     counts = _instance_counts(config, gpu_count, product)
-    resources = {("nvidia.com/gpu" if name == "gpu" else f"nvidia.com/mig-{name}"): counts[name] for name in counts}
+    resources = {(WHOLE_GPU_RESOURCE if name == "gpu" else mig_resource(name)): counts[name] for name in counts}
     shared = replicas or {}
     return {name: count * int(shared.get(name, 1)) for name, count in sorted(resources.items())}
 

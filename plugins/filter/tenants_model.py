@@ -17,6 +17,12 @@ import hashlib
 import re
 
 from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_resources
+from ansible_collections.gpufleet.mig.plugins.module_utils.names import (
+    RESOURCE_FORMS,
+    WHOLE_GPU_RESOURCE,
+    parse_sharing,
+    resource_name,
+)
 
 DOCUMENTATION = r"""
 name: tenants_model
@@ -84,14 +90,8 @@ _value:
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
-WHOLE_GPU = "nvidia.com/gpu"
-MIG_PREFIX = "nvidia.com/mig-"
-MIG_PROFILE = re.compile(r"[1-7]g\.[0-9]+gb(\+me)?")
 # A node label value (the device plugin's config name is one: nvidia.com/device-plugin.config=<name>).
 LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-# Time-slicing replicas per device: the device plugin wants at least 2 (1 here means exclusive, no entry), the
-# extender's SHARED_RESOURCES accepts at most 64.
-MAX_REPLICAS = 64
 SHARED_CONFIG_PREFIX = "time-sliced-"
 
 
@@ -107,18 +107,6 @@ def _whole_number(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _resource_name(name) -> str | None:
-    """A sharing entry's resource as the device plugin advertises it (nvidia.com/gpu, nvidia.com/mig-<profile>).
-    The short forms the placement simulator takes (gpu, mig-1g.10gb, 1g.10gb) are accepted too; None: neither."""
-    if not isinstance(name, str):
-        return None
-    short = name.strip().removeprefix("nvidia.com/")
-    if short == "gpu":
-        return WHOLE_GPU
-    profile = short.removeprefix("mig-")
-    return MIG_PREFIX + profile if MIG_PROFILE.fullmatch(profile) else None
-
-
 def _config_name(sharing: dict[str, int]) -> str:
     """The device plugin config of one sharing setting, named after it (time-sliced-mig-1g.10gb-x4), so that pools
     with the same setting share one config; a digest when that is no label value (too long, a `+me` profile)."""
@@ -130,32 +118,11 @@ def _config_name(sharing: dict[str, int]) -> str:
 
 
 def _pool_sharing(tenant: str, value, errors: list[str]) -> dict[str, int]:
-    """One pool's `sharing` as resource -> replicas, the entries of 2 replicas or more (1 is exclusive)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        errors.append(
-            f"tenant {tenant}: sharing must map a resource to its time-slicing replicas "
-            f"(for example {{nvidia.com/mig-1g.10gb: 4}}), not {value!r}"
-        )
-        return {}
-    sharing: dict[str, int] = {}
-    for name, replicas in value.items():
-        resource = _resource_name(name)
-        if resource is None:
-            errors.append(
-                f"tenant {tenant}: sharing names {name}, which is not nvidia.com/gpu or nvidia.com/mig-<profile>"
-            )
-        elif not _whole_number(replicas) or not 1 <= replicas <= MAX_REPLICAS:
-            errors.append(
-                f"tenant {tenant}: sharing of {resource} must be a whole number of replicas from 1 (exclusive) "
-                f"to {MAX_REPLICAS}, not {replicas!r}"
-            )
-        elif resource in sharing:
-            errors.append(f"tenant {tenant}: sharing names {resource} twice")
-        elif replicas > 1:
-            sharing[resource] = replicas
-    return sharing
+    """One pool's `sharing` as resource -> replicas, the entries of 2 replicas or more (1 is exclusive: the device
+    plugin wants at least 2 in a time-slicing config)."""
+    sharing, problems = parse_sharing(value, f"tenant {tenant}")
+    errors.extend(problems)
+    return {resource: replicas for resource, replicas in sharing.items() if replicas > 1}
 
 
 def tenants_sharing(tenants) -> dict:
@@ -298,7 +265,7 @@ class _Model:
     def node_capacity(self) -> tuple[dict[str, dict[str, int]], list[str]]:
         """2. What each GPU node exposes (the device plugin's mixed strategy) and the fleet's GPU resources."""
         capacity: dict[str, dict[str, int]] = {}
-        resources = {WHOLE_GPU}
+        resources = {WHOLE_GPU_RESOURCE}
         for host in self.gpu_nodes:
             node = self.hostvars[host]
             if node.get("mig_partition_config") is None or node.get("gpufleet_gpus_per_node") is None:
@@ -311,7 +278,7 @@ class _Model:
             )
             capacity[host] = exposed
             resources.update(exposed)
-        return capacity, [WHOLE_GPU, *sorted(resources - {WHOLE_GPU})]
+        return capacity, [WHOLE_GPU_RESOURCE, *sorted(resources - {WHOLE_GPU_RESOURCE})]
 
     def check_overrides(self, quota_split, overrides, resources: list[str]) -> None:
         """3. Explicit quota values must name a tenant, one of its namespaces and a resource of the fleet."""
@@ -407,9 +374,9 @@ def dra_device_class(tenant: str, resource: str) -> str:
     and device kind, so that admission and quotas (<class>.deviceclass.resource.k8s.io/devices) can tell pools
     apart. nvidia.com/gpu -> gpufleet-<tenant>-gpu; nvidia.com/mig-1g.10gb -> gpufleet-<tenant>-mig-1g.10gb
     ('+' is no DNS character: 1g.10gb+me -> mig-1g.10gb-me)."""
-    name = _resource_name(resource)
+    name = resource_name(resource)
     if name is None:
-        raise ValueError(f"{resource!r} is not nvidia.com/gpu or nvidia.com/mig-<profile>")
+        raise ValueError(f"{resource!r} is not {RESOURCE_FORMS}")
     return f"gpufleet-{tenant}-{name.removeprefix('nvidia.com/').replace('+', '-')}"
 
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .exceptions import MigError
-from .planner import Catalog, Slot
-from .spec import parse_profile_name
+from .names import MIG_RESOURCE_PREFIX, parse_profile_name
+from .placement import Catalog, Slot, mask, placement_size, walk_subsets
 
 DEFAULT_MAX_STATES = 200
 
@@ -176,68 +176,41 @@ def _gpu_candidates(gpu: GpuNow, dims: list[str], caps: tuple[int, ...], creatab
     catalog = gpu.catalog
     fixed = [i for i in gpu.instances if i.allocated]
     existing_free = [i for i in gpu.instances if not i.allocated]
-    occupied = 0
-    compute = 0
-    counts: dict[str, int] = {}
-    for inst in fixed:
-        profile = catalog.by_name[inst.profile]
-        occupied |= _mask(inst.start, _size(catalog, inst.profile, inst.start))
-        compute += profile.slice_count
-        counts[inst.profile] = counts.get(inst.profile, 0) + 1
     # Options: each existing free instance (kept if chosen, destroyed if not), then each new placement of a
     # creatable profile that is not already an existing instance's.
     existing_keys = {(i.profile, i.start) for i in existing_free}
-    options: list[tuple[str, int, int, bool]] = [
-        (i.profile, i.start, _size(catalog, i.profile, i.start), True) for i in existing_free
+    options: list[tuple[str, int, int]] = [
+        (i.profile, i.start, _size(catalog, i.profile, i.start)) for i in existing_free
     ]
     for name in sorted(creatable):
         if name not in catalog.by_name:
             continue
         for start, size in catalog.by_name[name].placements:
             if (name, start) not in existing_keys:
-                options.append((name, start, size, False))
-    dim_index = {name: d for d, name in enumerate(dims)}
+                options.append((name, start, size))
+    dim_of_option = [dims.index(name) if name in dims else None for name, _start, _size in options]
+    fixed_slots = [(i.profile, i.start) for i in fixed]
     best: dict[tuple[int, ...], _Candidate] = {}
-    chosen: list[tuple[str, int, bool]] = []
 
-    def record() -> None:
+    def record(chosen: list[int]) -> None:
         free = [0] * len(dims)
-        created = kept = 0
-        for name, _start, is_existing in chosen:
-            if is_existing:
+        kept = 0
+        for o in chosen:
+            if o < len(existing_free):
                 kept += 1
-            else:
-                created += 1
-            d = dim_index.get(name)
+            d = dim_of_option[o]
             if d is not None:
                 free[d] += 1
         vector = tuple(min(c, f) for c, f in zip(caps, free, strict=True))
         destroyed = len(existing_free) - kept
-        cost = destroyed + created
-        slots = tuple(sorted([(i.profile, i.start) for i in fixed] + [(n, s) for n, s, _e in chosen], key=_by_start))
+        cost = destroyed + len(chosen) - kept
+        slots = tuple(sorted(fixed_slots + [options[o][:2] for o in chosen], key=_by_start))
         current = best.get(vector)
         if current is None or (cost, destroyed, slots) < (current.cost, current.destroyed, current.slots):
             best[vector] = _Candidate(vector, cost, destroyed, slots)
 
-    def walk(i: int, occupied: int, compute: int) -> None:
-        if i == len(options):
-            record()
-            return
-        walk(i + 1, occupied, compute)  # without option i
-        name, start, size, is_existing = options[i]
-        profile = catalog.by_name[name]
-        mask = _mask(start, size)
-        if occupied & mask or compute + profile.slice_count > catalog.compute_slices:
-            return
-        if counts.get(name, 0) >= profile.instance_count:
-            return
-        counts[name] = counts.get(name, 0) + 1
-        chosen.append((name, start, is_existing))
-        walk(i + 1, occupied | mask, compute + profile.slice_count)
-        chosen.pop()
-        counts[name] -= 1
-
-    walk(0, occupied, compute)
+    held = [(i.profile, i.start, _size(catalog, i.profile, i.start)) for i in fixed]
+    walk_subsets(catalog, held, options, record)
     front: list[_Candidate] = []
     for cand in sorted(best.values(), key=lambda c: (c.cost, c.destroyed, [-v for v in c.vector], c.slots)):
         if not any(
@@ -251,15 +224,11 @@ def _by_start(slot: tuple[str, int]) -> tuple[int, str]:
     return slot[1], slot[0]
 
 
-def _mask(start: int, size: int) -> int:
-    return ((1 << size) - 1) << start
-
-
 def _size(catalog: Catalog, profile: str, start: int) -> int:
-    for placement_start, size in catalog.by_name[profile].placements:
-        if placement_start == start:
-            return size
-    raise AdviceError(f"{profile} cannot start at memory slice {start} on this GPU")
+    size = placement_size(catalog, profile, start)
+    if size is None:
+        raise AdviceError(f"{profile} cannot start at memory slice {start} on this GPU")
+    return size
 
 
 def _check_gpu(gpu: GpuNow) -> None:
@@ -269,12 +238,12 @@ def _check_gpu(gpu: GpuNow) -> None:
         if inst.profile not in gpu.catalog.by_name:
             raise AdviceError(f"{where}: instance profile {inst.profile} is not in the GPU's catalog")
         try:
-            mask = _mask(inst.start, _size(gpu.catalog, inst.profile, inst.start))
+            taken = mask(inst.start, _size(gpu.catalog, inst.profile, inst.start))
         except AdviceError as exc:
             raise AdviceError(f"{where}: {exc.message}") from None
-        if occupied & mask:
+        if occupied & taken:
             raise AdviceError(f"{where}: instances overlap at memory slice {inst.start}")
-        occupied |= mask
+        occupied |= taken
 
 
 def advise(
@@ -483,9 +452,6 @@ def gpus_from_facts(
             GpuNow(node, int(gpu["index"]), catalog_from_facts(gpu.get("mig_profiles", [])), enabled, instances)
         )
     return result
-
-
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
 def demand_from_pods(pods: list[dict[str, Any]]) -> dict[str, int]:

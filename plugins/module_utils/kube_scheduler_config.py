@@ -23,6 +23,8 @@ import re
 from collections.abc import Collection
 from typing import Any
 
+from .exceptions import MigError
+
 API_VERSION = "kubescheduler.config.k8s.io/v1"
 KIND = "KubeSchedulerConfiguration"
 
@@ -165,37 +167,10 @@ IN_TREE_PLUGINS = frozenset(
 _PLUGIN_TYPES = {point: point[0].upper() + point[1:] + "Plugin" for point in _EXTENSION_POINTS}
 
 # GPUScore (k8s/gpuscore): the extension points it must be enabled at to decide as the extender (PreFilter takes
-# the cycle's view, Reserve counts in-flight pods), and its args (k8s/gpuscore/args.go; values are checked by the
-# plugin when the scheduler starts).
+# the cycle's view, Reserve counts in-flight pods). Its args are the extender's to check (gpufleet-extender
+# check-config --plugin-args, which the kube_scheduler role runs), names included.
 GPUSCORE = "GPUScore"
 GPUSCORE_EXTENSION_POINTS = ("preFilter", "filter", "preScore", "score", "reserve")
-GPUSCORE_ARGS = frozenset(
-    {
-        "prometheusURL",
-        "prometheusTimeoutSeconds",
-        "exporterJob",
-        "exporterNamespace",
-        "gpuUtilThreshold",
-        "memUtilThreshold",
-        "weightGPUUtil",
-        "weightMemUtil",
-        "metricsRefreshSeconds",
-        "metricsMaxAgeSeconds",
-        "metricsMaxClockSkewSeconds",
-        "onMissingMetrics",
-        "nodeNameLabels",
-        "tenantLabel",
-        "tenantPools",
-        "inflightMaxSeconds",
-        "scoringStrategy",
-        "packTargetUtil",
-        "autoPackBelow",
-        "autoHysteresis",
-        "sharedResources",
-        "interferenceWeight",
-    }
-)
-
 # Go's time.ParseDuration syntax: one or more <number><unit>, or a bare "0".
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _DURATION_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
@@ -442,12 +417,6 @@ def gpuscore_errors(profiles: list[dict[str, Any]]) -> list[str]:
                     f"missing: {', '.join(missing)}",
                 )
             )
-        for config_index, plugin_config in enumerate(profile.get("pluginConfig") or []):
-            if plugin_config.get("name") != GPUSCORE:
-                continue
-            for key in sorted(set(plugin_config.get("args") or {}) - GPUSCORE_ARGS):
-                path = f"profiles[{index}].pluginConfig[{config_index}].args.{key}"
-                errors.append(f'{path}: strict decoding error: unknown field "{key}"')
     return errors
 
 
@@ -534,7 +503,7 @@ def scheduler_config_errors(config: object, out_of_tree_plugins: Collection[str]
 # --- the kubeadm static pod manifest -------------------------------------------------------------------------------
 
 
-class ManifestError(ValueError):
+class ManifestError(MigError):
     """The static pod manifest is not the kube-scheduler Pod this patch expects."""
 
 

@@ -13,7 +13,7 @@ import ctypes
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .exceptions import NvmlError, NvmlUnavailableError
 
@@ -110,59 +110,51 @@ class ProcessRecord:
     kind: str = "compute"  # "compute", "graphics" or "compute+graphics" (NVML lists each kind by its own call)
 
 
-class NvmlInterface:
-    """What module_utils needs from NVML. Indexes are NVML device indexes; IDs are NVML's GI/CI ids."""
+class NvmlInterface(Protocol):
+    """What module_utils needs from NVML, injected: PynvmlBackend (the real library), nvml_sim.SimulatedNvml (the
+    simulator) or a test's fake. Indexes are NVML device indexes; IDs are NVML's GI/CI ids."""
 
-    def device_count(self) -> int:
-        raise NotImplementedError
+    def device_count(self) -> int: ...
 
-    def identity(self, index: int) -> DeviceIdentity:
-        raise NotImplementedError
+    def identity(self, index: int) -> DeviceIdentity: ...
 
     def mig_mode(self, index: int) -> tuple[bool, bool]:
         """(current, pending); (False, False) on a GPU that cannot do MIG."""
-        raise NotImplementedError
+        ...
 
     def mig_capable(self, index: int) -> bool:
         """Whether the GPU has a MIG mode at all (NVML answers NOT_SUPPORTED for its mode otherwise)."""
-        raise NotImplementedError
+        ...
 
     def set_mig_mode(self, index: int, enabled: bool) -> int:
         """Returns NVML's activation status (SUCCESS, or e.g. IN_USE when the change stays pending until reset)."""
-        raise NotImplementedError
+        ...
 
-    def reset_gpu(self, index: int) -> None:
-        raise NotImplementedError
+    def reset_gpu(self, index: int) -> None: ...
 
     def gpu_instance_profiles(self, index: int) -> list[ProfileInfo]:
         """ProfileInfo for every profile enum NVML supports on this GPU, with placements by profile id."""
-        raise NotImplementedError
+        ...
 
-    def gpu_instances(self, index: int, profile_ids: list[int]) -> list[GpuInstanceRecord]:
-        raise NotImplementedError
+    def gpu_instances(self, index: int, profile_ids: list[int]) -> list[GpuInstanceRecord]: ...
 
-    def mig_devices(self, index: int) -> list[MigDeviceRecord]:
-        raise NotImplementedError
+    def mig_devices(self, index: int) -> list[MigDeviceRecord]: ...
 
-    def running_processes(self, index: int) -> list[ProcessRecord]:
-        raise NotImplementedError
+    def running_processes(self, index: int) -> list[ProcessRecord]: ...
 
     def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
         """nvmlDeviceCreateGpuInstanceWithPlacement; returns the new GPU instance id."""
-        raise NotImplementedError
+        ...
 
     def create_compute_instance(self, index: int, gi_id: int, slice_count: int) -> int:
         """Create the compute instance spanning the whole GPU instance; returns its id."""
-        raise NotImplementedError
+        ...
 
-    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
-        raise NotImplementedError
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None: ...
 
-    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
-        raise NotImplementedError
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None: ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    def close(self) -> None: ...
 
 
 def merge_processes(records: list[ProcessRecord]) -> list[ProcessRecord]:
@@ -183,7 +175,7 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class PynvmlBackend(NvmlInterface):
+class PynvmlBackend:
     """NvmlInterface on nvidia-ml-py. `lib` is the pynvml module (injectable for tests)."""
 
     def __init__(self, lib: Any = None) -> None:

@@ -38,7 +38,6 @@ from .nvml import (
     DeviceIdentity,
     GpuInstanceRecord,
     MigDeviceRecord,
-    NvmlInterface,
     ProcessRecord,
     ProfileInfo,
     merge_processes,
@@ -156,7 +155,7 @@ def _error(call: str, name: str, detail: str = "") -> NvmlError:
     return NvmlError(call, ERROR_CODES[name], name, detail)
 
 
-class SimulatedNvml(NvmlInterface):
+class SimulatedNvml:
     """NvmlInterface over a JSON state file (created as 8 x H100 80GB, MIG disabled, when missing)."""
 
     def __init__(self, path: str):

@@ -1,9 +1,9 @@
 """Pure planning: (current GPU state, target, NVML catalog) -> Plan. No NVML calls here.
 
-Placement is an exact search over the placements NVML reports as possible for each profile id, constrained by the
-memory slices (placements may not overlap) and the compute slices (their sum may not exceed the GPU's). It is not
-greedy: some layouts only fit when a profile is placed away from slot 0 (e.g. 1g.10gb + 4g.40gb: 4g.40gb can only
-start at 0, so the 1g.10gb must go elsewhere).
+Placement (placement.py, where the placement rules live) is an exact search over the placements NVML reports as
+possible for each profile id, constrained by the memory slices (placements may not overlap) and the compute slices
+(their sum may not exceed the GPU's). It is not greedy: some layouts only fit when a profile is placed away from
+slot 0 (e.g. 1g.10gb + 4g.40gb: 4g.40gb can only start at 0, so the 1g.10gb must go elsewhere).
 
 Minimal disruption: among the existing instances whose profile is still wanted, keep the largest set (busy ones
 first) that still leaves room for the instances to create; destroy only the rest, create the missing ones at explicit
@@ -13,63 +13,28 @@ placements.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
 from .exceptions import BusyInstanceError, SpecError
 from .nvml import ProfileInfo  # re-exported: the catalog is made of what NVML reports
-from .profile_tables import ProductTable
+from .placement import Catalog, Slot, describe_counts, search_placement, totals_problem
 from .spec import GpuTarget, parse_profile_name
 
-__all__ = ["Catalog", "GpuPlan", "GpuState", "Instance", "ProfileInfo", "Slot", "plan_gpu", "validate_target"]
-
-
-class Catalog:
-    """The GPU-instance profiles of one GPU, by name and by id."""
-
-    def __init__(self, profiles: list[ProfileInfo]):
-        self.profiles = sorted(profiles, key=lambda p: (p.slice_count, p.memory_mib, p.name))
-        self.by_name = {p.name: p for p in self.profiles}
-        self.by_id = {p.id: p for p in self.profiles}
-        self.compute_slices = max((p.slice_count for p in self.profiles), default=0)
-        self.memory_slices = max((start + size for p in self.profiles for start, size in p.placements), default=0)
-
-    @classmethod
-    def from_table(cls, table: ProductTable) -> Catalog:
-        """Catalog from a profile_tables.ProductTable (offline validation on the controller)."""
-        return cls(
-            [
-                ProfileInfo(
-                    r.enum,
-                    r.id,
-                    r.name,
-                    r.slice_count,
-                    r.instance_count,
-                    r.memory_mib,
-                    tuple((s, r.size) for s in r.starts),
-                )
-                for r in table.profiles
-            ]
-        )
-
-    def names(self) -> list[str]:
-        return [p.name for p in self.profiles]
-
-    def as_dict(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": p.name,
-                "profile_id": p.id,
-                "profile_enum": p.enum,
-                "compute_slices": p.slice_count,
-                "max_instances": p.instance_count,
-                "memory_mib": p.memory_mib,
-                "placements": [{"start": s, "size": z} for s, z in p.placements],
-            }
-            for p in self.profiles
-        ]
+# Catalog, Slot, describe_counts and search_placement live in placement.py; re-exported for the planner's callers.
+__all__ = [
+    "Catalog",
+    "GpuPlan",
+    "GpuState",
+    "Instance",
+    "ProfileInfo",
+    "Slot",
+    "describe_counts",
+    "plan_gpu",
+    "search_placement",
+    "validate_target",
+]
 
 
 @dataclass(frozen=True)
@@ -84,18 +49,6 @@ class Instance:
     complete: bool = True  # has its full-size compute instance
     uuid: str | None = None  # MIG device UUID, when it has a CI
     compute_instance_ids: tuple[int, ...] = (0,)  # destroyed before the GPU instance itself
-
-
-@dataclass(frozen=True)
-class Slot:
-    """A placed instance of the layout: profile at (start, size)."""
-
-    profile: str
-    start: int
-    size: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"profile": self.profile, "start": self.start}
 
 
 @dataclass
@@ -144,58 +97,6 @@ class GpuPlan:
         ]
 
 
-def _fits(slot: tuple[int, int], occupied: list[bool]) -> bool:
-    start, size = slot
-    return all(not occupied[m] for m in range(start, start + size))
-
-
-def search_placement(
-    wanted: dict[str, int], catalog: Catalog, fixed: Sequence[Slot] = (), first_only: bool = True
-) -> list[Slot] | None:
-    """Exact search: place `wanted` (profile -> count) around the `fixed` slots, or None when impossible.
-
-    Backtracking over NVML's possible placements per profile; the memory slices may not overlap and the compute
-    slices may not exceed the GPU's. Larger profiles go first (fewer placements, earlier pruning); instances of the
-    same profile take increasing starts so that permutations are not explored twice.
-    """
-    occupied = [False] * max(catalog.memory_slices, 1)
-    compute_used = 0
-    for slot in fixed:
-        for m in range(slot.start, slot.start + slot.size):
-            occupied[m] = True
-        compute_used += catalog.by_name[slot.profile].slice_count
-    todo: list[ProfileInfo] = []
-    for name in sorted(
-        wanted, key=lambda n: (-catalog.by_name[n].placements[0][1], -catalog.by_name[n].slice_count, n)
-    ):
-        todo.extend([catalog.by_name[name]] * wanted[name])
-    placed: list[Slot] = []
-
-    def place(i: int, compute: int, min_start: int) -> bool:
-        if i == len(todo):
-            return True
-        profile = todo[i]
-        if compute + profile.slice_count > catalog.compute_slices:
-            return False
-        for start, size in profile.placements:
-            if start < min_start or not _fits((start, size), occupied):
-                continue
-            for m in range(start, start + size):
-                occupied[m] = True
-            placed.append(Slot(profile.name, start, size))
-            next_same = i + 1 < len(todo) and todo[i + 1].name == profile.name
-            if place(i + 1, compute + profile.slice_count, start + 1 if next_same else 0):
-                return True
-            placed.pop()
-            for m in range(start, start + size):
-                occupied[m] = False
-        return False
-
-    if place(0, compute_used, 0):
-        return sorted(placed, key=lambda s: s.start)
-    return None
-
-
 def validate_target(target_counts: dict[str, int], catalog: Catalog, where: str) -> list[Slot]:
     """Check a requested layout against the GPU's catalog; return one valid placement or raise SpecError.
 
@@ -215,22 +116,9 @@ def validate_target(target_counts: dict[str, int], catalog: Catalog, where: str)
             f"{where}: unknown MIG profile(s) {', '.join(unknown)} for this GPU; valid profiles: "
             f"{', '.join(catalog.names())}"
         )
-    for name, count in sorted(target_counts.items()):
-        maximum = catalog.by_name[name].instance_count
-        if count > maximum:
-            raise SpecError(f"{where}: {count} x {name} requested, at most {maximum} fit on one GPU")
-    compute = sum(catalog.by_name[n].slice_count * c for n, c in target_counts.items())
-    if compute > catalog.compute_slices:
-        raise SpecError(
-            f"{where}: the layout needs {compute} compute slices ({describe_counts(target_counts)}), "
-            f"the GPU has {catalog.compute_slices}"
-        )
-    memory = sum(catalog.by_name[n].placements[0][1] * c for n, c in target_counts.items())
-    if memory > catalog.memory_slices:
-        raise SpecError(
-            f"{where}: the layout needs {memory} memory slices ({describe_counts(target_counts)}), "
-            f"the GPU has {catalog.memory_slices}"
-        )
+    problem = totals_problem(target_counts, catalog)
+    if problem:
+        raise SpecError(f"{where}: {problem}")
     layout = search_placement(target_counts, catalog)
     if layout is None:
         options = "; ".join(
@@ -248,10 +136,6 @@ def _is_partial_compute(name: str) -> bool:
         return parse_profile_name(name).partial_compute
     except ValueError:
         return False
-
-
-def describe_counts(counts: dict[str, int]) -> str:
-    return " + ".join(f"{c} x {n}" for n, c in sorted(counts.items())) or "no instances"
 
 
 def choose_kept(current: list[Instance], wanted: dict[str, int], catalog: Catalog) -> tuple[list[Instance], list[Slot]]:

@@ -18,92 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .exceptions import SpecError
+from .names import ProfileName as ProfileName  # re-exported: the grammar lives in names.py
+from .names import parse_profile_name as parse_profile_name
 
 SUPPORTED_MIG_PARTED_VERSIONS = ("v1",)
 _ENTRY_KEYS = {"devices", "mig_enabled", "mig_devices", "device_filter"}
 # GPU indexes and counts are small; bounding them keeps a 5,000-digit string from reaching int().
 _SMALL_INT = re.compile(r"[0-9]{1,6}")
 _MAX_SMALL_INT = 999_999
-
-
-@dataclass(frozen=True)
-class ProfileName:
-    """A MIG profile name parsed with go-nvlib's grammar (pkg/nvlib/device/mig_profile.go), which mig-parted uses.
-
-    ``[<C>c.]<G>g.<GB>gb`` then optionally ``+attr[,attr...]`` or ``-attr[,attr...]`` (not both); attributes are
-    alphanumeric with inner dots (``me``, ``me.all``, ``gfx``). Without ``<C>c.`` the compute slices equal the
-    GPU slices. Two spellings of one profile (``3c.3g.40gb`` and ``3g.40gb``, ``+me,gfx`` and ``+gfx,me``) are
-    the same profile: ``canonical`` is the one spelling (go-nvlib's String(), attributes sorted).
-    """
-
-    compute: int
-    gpu: int
-    gb: int
-    attributes: tuple[str, ...] = ()
-    negated: tuple[str, ...] = ()
-
-    @property
-    def canonical(self) -> str:
-        base = f"{self.gpu}g.{self.gb}gb" if self.compute == self.gpu else f"{self.compute}c.{self.gpu}g.{self.gb}gb"
-        if self.attributes:
-            return base + "+" + ",".join(self.attributes)
-        if self.negated:
-            return base + "-" + ",".join(self.negated)
-        return base
-
-    @property
-    def partial_compute(self) -> bool:
-        """A compute-instance profile smaller than its GPU instance (``1c.3g.40gb``)."""
-        return self.compute != self.gpu
-
-
-def _profile_field(text: str, suffix: str) -> int:
-    if text.strip() != text or not text.endswith(suffix):
-        raise ValueError(f"expected '<number>{suffix}', got {text!r}")
-    digits = text[: -len(suffix)]
-    if not _SMALL_INT.fullmatch(digits):
-        raise ValueError(f"malformed number in {text!r}")
-    return int(digits)
-
-
-def _profile_attributes(text: str) -> tuple[str, ...]:
-    attributes = text.split(",")
-    if len(set(attributes)) != len(attributes):
-        raise ValueError("an attribute is listed twice")
-    for attribute in attributes:
-        if not attribute:
-            raise ValueError("empty attribute")
-        if attribute[0].isdigit() or attribute[0] == "." or attribute[-1] == ".":
-            raise ValueError(f"attribute {attribute!r} starts with a digit or starts/ends with a dot")
-        if not all(c.isascii() and (c.isalnum() or c == ".") for c in attribute):
-            raise ValueError(f"attribute {attribute!r} has characters other than letters, digits and dots")
-    return tuple(sorted(attributes))
-
-
-def parse_profile_name(name: str) -> ProfileName:
-    """Parse a profile name as go-nvlib does; ValueError says what is wrong."""
-    if not name:
-        raise ValueError("empty profile name")
-    plus, minus = name.split("+", 1), name.split("-", 1)
-    if len(plus) == 2 and len(minus) == 2:
-        raise ValueError("both '+' and '-' attributes")
-    parts = plus if len(plus) == 2 else minus
-    fields = parts[0].split(".", 2)
-    if len(fields) == 3:
-        compute, gpu, gb = (
-            _profile_field(fields[0], "c"),
-            _profile_field(fields[1], "g"),
-            _profile_field(fields[2], "gb"),
-        )
-    elif len(fields) == 2:
-        gpu, gb = _profile_field(fields[0], "g"), _profile_field(fields[1], "gb")
-        compute = gpu
-    else:
-        raise ValueError("expected [<C>c.]<G>g.<GB>gb")
-    attributes = _profile_attributes(parts[1]) if len(parts) == 2 else ()
-    if len(plus) == 2:
-        return ProfileName(compute, gpu, gb, attributes=attributes)
-    return ProfileName(compute, gpu, gb, negated=attributes)
 
 
 @dataclass(frozen=True)

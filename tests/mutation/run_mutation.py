@@ -3,7 +3,7 @@
 
 Two suites, each run by mutmut in a scratch copy under build/mutation/ (mutmut writes a `mutants/` tree next to
 its config, and the repository stays untouched):
-- collection: plugins/module_utils/{spec,planner,runner}.py. The copy is laid out as
+- collection: plugins/module_utils/{spec,placement,planner,runner}.py. The copy is laid out as
   ansible_collections/gpufleet/mig/ so that the tests import the mutated files under their real module names;
 - extender: extender/src/gpufleet_extender/{scoring,pods,wire,snapshot}.py with the extender's unit tests.
 
@@ -62,10 +62,12 @@ UNIT = f"{COLLECTION}/tests/unit/plugins"
 SUITES = {
     "collection": Suite(
         "collection",
-        tuple(f"{COLLECTION}/plugins/module_utils/{name}.py" for name in ("spec", "planner", "runner")),
+        tuple(f"{COLLECTION}/plugins/module_utils/{name}.py" for name in ("spec", "placement", "planner", "runner")),
         (
             f"{UNIT}/module_utils/test_spec.py",
+            f"{UNIT}/module_utils/test_placement.py",
             f"{UNIT}/module_utils/test_planner.py",
+            f"{UNIT}/module_utils/test_advisor.py",
             f"{UNIT}/module_utils/test_runner.py",
             f"{UNIT}/module_utils/test_layout.py",
             f"{UNIT}/test_bench_mig.py",
@@ -85,6 +87,7 @@ SUITES = {
         ("-k", "not brute_force_on_every_request and not ansible_cli_end_to_end"),
         (
             ("spec.py", (f"{UNIT}/module_utils/test_spec.py",)),
+            ("placement.py", (f"{UNIT}/module_utils/test_placement.py", f"{UNIT}/module_utils/test_planner.py")),
             ("planner.py", (f"{UNIT}/module_utils/test_planner.py",)),
             # The module's tests drive the runner through every apply path (resets, pending modes, failures).
             ("runner.py", (f"{UNIT}/module_utils/test_runner.py", f"{UNIT}/modules/test_nvidia_mig.py")),

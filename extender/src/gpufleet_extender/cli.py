@@ -122,19 +122,33 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    """Validate a settings mapping (a file, or JSON on stdin with ``-``) without the environment; print it back."""
+    """Validate a settings mapping (a file, or JSON on stdin with ``-``) without the environment; print it back.
+
+    With ``--plugin-args``: the GPUScore plugin's args instead (its pluginConfig args, camelCase names), every
+    problem listed in the plugin's words (plugin_args.py)."""
     from gpufleet_extender.config import SettingsError, check_settings, read_config_file
 
+    what = "GPUScore args" if args.plugin_args else "settings"
     try:
         if args.file == "-":
             try:
                 values = json.loads(sys.stdin.read() or "{}")
             except json.JSONDecodeError as exc:
-                raise SettingsError(f"stdin is not a JSON mapping of settings: {exc}") from None
+                raise SettingsError(f"stdin is not a JSON mapping of {what}: {exc}") from None
             if not isinstance(values, dict):
-                raise SettingsError(f"stdin must hold a JSON mapping of settings, not {type(values).__name__}")
+                raise SettingsError(f"stdin must hold a JSON mapping of {what}, not {type(values).__name__}")
+        elif args.plugin_args:
+            values = _read_plugin_args(args.file)
         else:
             values = read_config_file(args.file)
+        if args.plugin_args:
+            from gpufleet_extender.plugin_args import check_plugin_args
+
+            problems = check_plugin_args(values)
+            if problems:
+                raise SettingsError("invalid GPUScore args: " + "; ".join(problems))
+            print(json.dumps(values, sort_keys=True))
+            return 0
         settings = check_settings(values)
     except SettingsError as exc:
         print(f"gpufleet-extender: {exc}", file=sys.stderr)
@@ -143,12 +157,32 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_plugin_args(path: str) -> Any:
+    """The plugin's args from a YAML or JSON file, names as they are (camelCase)."""
+    import yaml
+
+    from gpufleet_extender.config import SettingsError
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle) or {}  # JSON is YAML
+    except OSError as exc:
+        raise SettingsError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{path} is not valid YAML or JSON: {exc}") from None
+
+
 def _add_check_config(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = subparsers.add_parser(
         "check-config",
         help="validate settings as the extender would at start, from a file or stdin alone (not the environment)",
     )
     check.add_argument("file", help="YAML or JSON settings file, or - for a JSON mapping on stdin (a ConfigMap's data)")
+    check.add_argument(
+        "--plugin-args",
+        action="store_true",
+        help="the file holds the GPUScore plugin's pluginConfig args instead: check them as the plugin would",
+    )
     check.set_defaults(handler=_check_config)
 
 

@@ -185,11 +185,6 @@ class ClusterState:
     def node_tenant(self, node: str) -> str | None:
         return self._node_tenants.get(node)
 
-    def tenant_nodes(self) -> list[str]:
-        """Nodes labelled with a tenant (they need a verdict even when they have no metrics)."""
-        with self._lock:
-            return [name for name, tenant in self._node_tenants.items() if tenant]
-
     def namespace_tenant(self, namespace: str) -> tuple[bool, str | None]:
         """(known, tenant): unknown while namespaces were never listed or the namespace is not seen."""
         if not self.namespaces_known or namespace not in self._namespace_tenants:

@@ -21,6 +21,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +32,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpufleet_extender.errors import ExtenderError
 from gpufleet_extender.scoring import Policy
 from gpufleet_extender.scoring import Strategy as ScoringStrategy  # spread | pack | auto, described there
 
@@ -41,8 +43,56 @@ _DEFAULT_POLICY = Policy()  # the one place the scoring defaults are written
 CONFIG_FILE_ENV = "GPUFLEET_EXTENDER_CONFIG"
 
 
-class SettingsError(ValueError):
+class SettingsError(ExtenderError, ValueError):
     """Settings cannot be used; the message is meant for a person."""
+
+
+def go_number(value: float) -> str:
+    """A number as Go's %g writes it (the GPUScore plugin's messages say the same): the shortest digits that read
+    back to the same double, in exponent form below 1e-4 and from 1e6 (0.5, 1, 1e-05, 1.5e+06, +Inf)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    sign = "-" if math.copysign(1.0, value) < 0 else ""
+    if value == 0:
+        return sign + "0"
+    _sign, digit_tuple, exponent = Decimal(repr(abs(value))).as_tuple()  # repr: the shortest digits that read back
+    assert isinstance(exponent, int)  # finite
+    digits = "".join(map(str, digit_tuple)).lstrip("0")
+    significant = digits.rstrip("0")
+    point = len(significant) + exponent + len(digits) - len(significant)  # the decimal point, after `point` digits
+    if -4 <= point - 1 < 6:
+        if point <= 0:
+            return f"{sign}0.{'0' * -point}{significant}"
+        if point >= len(significant):
+            return sign + significant + "0" * (point - len(significant))
+        return f"{sign}{significant[:point]}.{significant[point:]}"
+    rest = f".{significant[1:]}" if len(significant) > 1 else ""
+    return f"{sign}{significant[0]}{rest}e{'+' if point - 1 >= 0 else '-'}{abs(point - 1):02d}"
+
+
+_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+
+
+def go_quote(text: str) -> str:
+    """A string as Go's %q writes it (strconv.Quote): double quotes, backslash escapes, printable text as it is."""
+    out = ['"']
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[char])
+        elif char.isprintable():
+            out.append(char)
+        elif ord(char) < 0x80:
+            out.append(f"\\x{ord(char):02x}")
+        elif ord(char) < 0x10000:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(f"\\U{ord(char):08x}")
+    out.append('"')
+    return "".join(out)
 
 
 class MetricsSourceKind(StrEnum):
@@ -136,7 +186,7 @@ class Settings(BaseSettings):
     @field_validator("SHARED_RESOURCES")
     @classmethod
     def _gpu_resources(cls, value: dict[str, int]) -> dict[str, int]:
-        wrong = [name for name in value if name != "nvidia.com/gpu" and not name.startswith("nvidia.com/mig-")]
+        wrong = sorted(name for name in value if name != "nvidia.com/gpu" and not name.startswith("nvidia.com/mig-"))
         if wrong:
             raise ValueError(f"names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got {', '.join(wrong)}")
         return value
@@ -159,7 +209,7 @@ class Settings(BaseSettings):
     @classmethod
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must start with http:// or https:// (got {value!r})")
+            raise ValueError(f"must start with http:// or https:// (got {go_quote(value)})")
         return value.rstrip("/")
 
     @model_validator(mode="wrap")
@@ -175,7 +225,7 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             errors: list[Any] = list(exc.errors())
             bad = {str(e["loc"][0]) for e in errors if e["loc"]}
-            rule_errors = [_rule_error(p) for p in rule_problems(_valid_rule_fields(data, bad))]
+            rule_errors = [_rule_error(p) for p in rule_problems(valid_rule_fields(data, bad))]
             raise ValidationError.from_exception_data(exc.title, errors + rule_errors) from None
         problems = rule_problems(settings.model_dump())
         if problems:
@@ -195,44 +245,52 @@ class Settings(BaseSettings):
         return env_settings, init_settings
 
 
-# The rules between settings. Each names the fields it reads; it is checked whenever those fields are valid.
-def _weights_add_up(v: Mapping[str, Any]) -> str | None:
+# The rules between settings. Each names the fields it reads; it is checked whenever those fields are valid. `name`
+# says a setting as the reader knows it: the extender's setting, or the GPUScore plugin's argument (plugin_args.py).
+Name = Callable[[str], str]
+
+
+def _setting_name(setting: str) -> str:
+    return setting
+
+
+def _weights_add_up(v: Mapping[str, Any], name: Name) -> str | None:
     total = v["WEIGHT_GPU_UTIL"] + v["WEIGHT_MEM_UTIL"]
     # The score is 10 x (1 - load); load stays in 0..1 only when the weights add up to 1.
     if math.isclose(total, 1.0, abs_tol=1e-6):
         return None
-    gpu, mem = v["WEIGHT_GPU_UTIL"], v["WEIGHT_MEM_UTIL"]
-    return f"WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got {gpu} + {mem} = {total:g})"
+    gpu, mem = go_number(v["WEIGHT_GPU_UTIL"]), go_number(v["WEIGHT_MEM_UTIL"])
+    return f"{name('WEIGHT_GPU_UTIL')} + {name('WEIGHT_MEM_UTIL')} must be 1.0 (got {gpu} + {mem} = {total:g})"
 
 
-def _pack_below_threshold(v: Mapping[str, Any]) -> str | None:
+def _pack_below_threshold(v: Mapping[str, Any], name: Name) -> str | None:
     # Packing aims below the filter's threshold: a target at or above it would rank highest the nodes the filter is
     # about to refuse. Checked only when a packing strategy is on, so spread users who lower GPU_UTIL_THRESHOLD are
     # not refused over a setting they do not use.
     if v["SCORING_STRATEGY"] == ScoringStrategy.SPREAD or v["PACK_TARGET_UTIL"] < v["GPU_UTIL_THRESHOLD"]:
         return None
     return (
-        f"PACK_TARGET_UTIL ({v['PACK_TARGET_UTIL']:g}) must be below GPU_UTIL_THRESHOLD "
-        f"({v['GPU_UTIL_THRESHOLD']:g}) with SCORING_STRATEGY={v['SCORING_STRATEGY']}"
+        f"{name('PACK_TARGET_UTIL')} ({go_number(v['PACK_TARGET_UTIL'])}) must be below {name('GPU_UTIL_THRESHOLD')} "
+        f"({go_number(v['GPU_UTIL_THRESHOLD'])}) with {name('SCORING_STRATEGY')}={v['SCORING_STRATEGY']}"
     )
 
 
-def _auto_can_spread(v: Mapping[str, Any]) -> str | None:
+def _auto_can_spread(v: Mapping[str, Any], name: Name) -> str | None:
     if v["SCORING_STRATEGY"] != ScoringStrategy.AUTO or v["AUTO_PACK_BELOW"] + v["AUTO_HYSTERESIS"] < 1.0:
         return None
     return (
-        f"AUTO_PACK_BELOW + AUTO_HYSTERESIS must be below 1 (got {v['AUTO_PACK_BELOW']:g} + "
-        f"{v['AUTO_HYSTERESIS']:g}): auto would never spread"
+        f"{name('AUTO_PACK_BELOW')} + {name('AUTO_HYSTERESIS')} must be below 1 (got {go_number(v['AUTO_PACK_BELOW'])}"
+        f" + {go_number(v['AUTO_HYSTERESIS'])}): auto would never spread"
     )
 
 
-def _file_source_has_file(v: Mapping[str, Any]) -> str | None:
+def _file_source_has_file(v: Mapping[str, Any], name: Name) -> str | None:
     if v["METRICS_SOURCE"] == MetricsSourceKind.FILE and v["METRICS_FILE"] is None:
-        return "METRICS_SOURCE=file needs METRICS_FILE (a Prometheus text exposition file)"
+        return f"{name('METRICS_SOURCE')}=file needs {name('METRICS_FILE')} (a Prometheus text exposition file)"
     return None
 
 
-RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], str | None]], ...] = (
+RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any], Name], str | None]], ...] = (
     (("WEIGHT_GPU_UTIL", "WEIGHT_MEM_UTIL"), _weights_add_up),
     (("SCORING_STRATEGY", "PACK_TARGET_UTIL", "GPU_UTIL_THRESHOLD"), _pack_below_threshold),
     (("SCORING_STRATEGY", "AUTO_PACK_BELOW", "AUTO_HYSTERESIS"), _auto_can_spread),
@@ -240,13 +298,13 @@ RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any]], str | None]], 
 )
 
 
-def rule_problems(values: Mapping[str, Any]) -> list[str]:
+def rule_problems(values: Mapping[str, Any], name: Name = _setting_name) -> list[str]:
     """The rules between settings that `values` (validated values by field name) break; rules missing a field are
     skipped (that field has an error of its own)."""
     problems = []
     for fields, rule in RULES:
-        if all(name in values for name in fields):
-            problem = rule(values)
+        if all(field in values for field in fields):
+            problem = rule(values, name)
             if problem:
                 problems.append(problem)
     return problems
@@ -256,7 +314,7 @@ def _rule_error(problem: str) -> InitErrorDetails:
     return {"type": PydanticCustomError("settings_rule", problem), "loc": (), "input": None}
 
 
-def _valid_rule_fields(data: Any, bad: set[str]) -> dict[str, Any]:
+def valid_rule_fields(data: Any, bad: set[str]) -> dict[str, Any]:
     """The fields the rules read that validate on their own (given, else their default), by name."""
     given = {str(k).upper(): v for k, v in data.items()} if isinstance(data, Mapping) else {}
     values: dict[str, Any] = {}

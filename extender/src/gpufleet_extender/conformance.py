@@ -7,7 +7,8 @@ and compares it byte for byte: a change on either side that the other does not f
 
 Sections of the file (names of settings are the plugin's argument names, see ``ARG_NAMES``):
 
-- ``args``: argument sets and whether the extender's ``Settings`` accept them (the plugin must agree);
+- ``args``: argument sets, whether the extender's ``Settings`` accept them and every problem in the plugin's words
+  (``plugin_args.check_plugin_args``; the plugin must list the same);
 - ``decisions``: a policy, a snapshot, a pod request, in-flight pods, ``auto`` modes and tenant pools ->
   the verdict, outcome, reason and score of every node (as ``Extender._table``'s ``verdict_of``);
 - ``auto``: a sequence of snapshots -> the fleet's mean load and ``ModeSelector``'s modes after each;
@@ -33,6 +34,8 @@ from pydantic import ValidationError
 
 from gpufleet_extender.config import MappingOnlySettings, Settings, SettingsError
 from gpufleet_extender.metrics_source import PrometheusSource
+from gpufleet_extender.plugin_args import ARG_NAMES as ARG_NAMES  # re-exported: the names the vectors use
+from gpufleet_extender.plugin_args import SETTING_NAMES, check_plugin_args
 from gpufleet_extender.pods import ResourceRequest, pod_gpu_request
 from gpufleet_extender.scoring import (
     Mode,
@@ -50,32 +53,6 @@ from gpufleet_extender.wire import Pod
 SEED = 19
 FORMAT_VERSION = 1
 
-# Extender setting -> plugin argument (the seed's three names, the rest in the same camelCase style).
-ARG_NAMES = {
-    "PROMETHEUS_URL": "prometheusURL",
-    "PROMETHEUS_TIMEOUT_SECONDS": "prometheusTimeoutSeconds",
-    "EXPORTER_JOB": "exporterJob",
-    "EXPORTER_NAMESPACE": "exporterNamespace",
-    "GPU_UTIL_THRESHOLD": "gpuUtilThreshold",
-    "MEM_UTIL_THRESHOLD": "memUtilThreshold",
-    "WEIGHT_GPU_UTIL": "weightGPUUtil",
-    "WEIGHT_MEM_UTIL": "weightMemUtil",
-    "METRICS_REFRESH_SECONDS": "metricsRefreshSeconds",
-    "METRICS_MAX_AGE_SECONDS": "metricsMaxAgeSeconds",
-    "METRICS_MAX_CLOCK_SKEW_SECONDS": "metricsMaxClockSkewSeconds",
-    "ON_MISSING_METRICS": "onMissingMetrics",
-    "NODE_NAME_LABELS": "nodeNameLabels",
-    "TENANT_LABEL": "tenantLabel",
-    "TENANT_POOLS": "tenantPools",
-    "INFLIGHT_MAX_SECONDS": "inflightMaxSeconds",
-    "SCORING_STRATEGY": "scoringStrategy",
-    "PACK_TARGET_UTIL": "packTargetUtil",
-    "AUTO_PACK_BELOW": "autoPackBelow",
-    "AUTO_HYSTERESIS": "autoHysteresis",
-    "SHARED_RESOURCES": "sharedResources",
-    "INTERFERENCE_WEIGHT": "interferenceWeight",
-}
-SETTING_NAMES = {arg: setting for setting, arg in ARG_NAMES.items()}
 
 GPU = "nvidia.com/gpu"
 MIGS = ("nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb")
@@ -443,6 +420,21 @@ def _args_cases(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
         {"interferenceWeight": 10.01},
         {"interferenceWeight": -0.1},
         {"interferenceWeight": 0.5, "scoringStrategy": "pack", "packTargetUtil": 0.5},
+        # Every problem at once: JSON types as Go decodes them, fields, and each rule between fields.
+        {"gpuUtilThreshold": "0.8", "tenantPools": "yes", "nodeNameLabels": "Hostname", "threshold": 1},
+        {"sharedResources": {"nvidia.com/gpu": 1.5}, "interferenceWeight": True, "exporterJob": 3},
+        {"nodeNameLabels": None, "gpuUtilThreshold": None, "sharedResources": None},
+        {
+            "weightGPUUtil": 0.9,
+            "scoringStrategy": "auto",
+            "packTargetUtil": 0.85,
+            "autoPackBelow": 0.7,
+            "autoHysteresis": 0.5,
+        },
+        {"weightGPUUtil": 1.5, "scoringStrategy": "pack", "packTargetUtil": 0.9, "gpuUtilThreshold": 0.5},
+        {"weightGPUUtil": 0.6, "weightMemUtil": 0.3, "onMissingMetrics": "ignore", "metricsRefreshSeconds": 1e7},
+        {"sharedResources": {"example.com/fpga": 2, "nvidia.com/mig-1g.10gb": 65}},
+        {"prometheusURL": 'prometheus:9090\n"x"', "scoringStrategy": "Spread"},
     ]
     yield from ({"args": args} for args in fixed)
     ranges = {
@@ -467,12 +459,17 @@ def _args_cases(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
 
 
 def _with_validity(cases: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Each case with every problem the plugin must report (``plugin_args.check_plugin_args``, its strict JSON
+    types included) and whether there is none."""
     for case in cases:
+        errors = check_plugin_args(case["args"])
         try:
             settings_of(case["args"])
-            case["valid"] = True
         except SettingsError:
-            case["valid"] = False
+            if not errors:
+                raise AssertionError(f"the extender refuses {case['args']}, check_plugin_args found nothing") from None
+        case["valid"] = not errors
+        case["errors"] = errors
         yield case
 
 

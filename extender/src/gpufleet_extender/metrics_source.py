@@ -36,6 +36,7 @@ from typing import Any, Protocol, cast
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet_extender.errors import ExtenderError
 from gpufleet_extender.parse_worker import ParseWorker, WorkerUnavailable
 from gpufleet_extender.snapshot import (
     DCGM_METRICS,
@@ -57,7 +58,7 @@ WORKER_MIN_BYTES = 256 * 1024  # about 2,000 lines: smaller files parse in a thr
 log = logging.getLogger(__name__)
 
 
-class MetricsSourceError(RuntimeError):
+class MetricsSourceError(ExtenderError, RuntimeError):
     """The source could not be read; the previous snapshot stays and ages."""
 
 
@@ -210,6 +211,11 @@ def load_file(
     return snapshot, report
 
 
+def load_file_in_worker(path: str, node_labels: tuple[str, ...], mtime: float) -> tuple[MetricsSnapshot, FetchReport]:
+    """load_file as the parse worker runs it (parse_worker.ParseWorker's loader: module-level, so it pickles)."""
+    return load_file(path, node_labels, default_time=mtime, taken_at=0.0, version=0)
+
+
 class FileSource:
     name = "file"
     # A refresh stuck longer than this (a hung network filesystem) is reported as an error by the refresher.
@@ -229,7 +235,7 @@ class FileSource:
         self._max_skew = max_skew
         self._seen: tuple[int, int] | None = None
         self.report: FetchReport | None = None
-        self._worker = ParseWorker()
+        self._worker = ParseWorker(load_file_in_worker)
         self._previous = EMPTY_SNAPSHOT
 
     async def fetch(self, version: int) -> MetricsSnapshot | None:

@@ -15,25 +15,28 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
-from gpufleet_extender.snapshot import NodeMetrics, NodeRow, node_from_row, node_row
-
-if TYPE_CHECKING:  # the worker imports metrics_source (and its parser) only when it parses
-    from gpufleet_extender.metrics_source import FetchReport
+from gpufleet_extender.snapshot import MetricsSnapshot, NodeMetrics, NodeRow, node_from_row, node_row
 
 CHUNK_NODES = 50  # nodes per chunk: well under a millisecond of object building on the event loop
 
+Report = TypeVar("Report")
+# (path, node labels, file mtime) -> the file's snapshot and what was found wrong in its data. The parser is
+# injected (metrics_source passes its file loader), so this module does not import it back; it must be a module-level
+# function: the worker process receives it pickled, by name.
+Loader = Callable[[str, tuple[str, ...], float], tuple[MetricsSnapshot, Report]]
 
-def load_rows(path: str, node_labels: tuple[str, ...], mtime: float) -> tuple[list[bytes], FetchReport]:
-    """Run in the worker: the file's nodes as pickled chunks of NodeRows, and what the screening found wrong in
-    the data (errors raise MetricsSourceError)."""
-    from gpufleet_extender.metrics_source import load_file  # the worker imports the parser only
 
-    snapshot, report = load_file(path, node_labels, default_time=mtime, taken_at=0.0, version=0)
+def load_rows(
+    loader: Loader[Report], path: str, node_labels: tuple[str, ...], mtime: float
+) -> tuple[list[bytes], Report]:
+    """Run in the worker: the file's nodes as pickled chunks of NodeRows, and the loader's report of the data
+    (its errors raise)."""
+    snapshot, report = loader(path, node_labels, mtime)
     rows = [node_row(metrics) for metrics in snapshot.nodes.values()]
     chunks = [
         pickle.dumps(rows[start : start + CHUNK_NODES], protocol=pickle.HIGHEST_PROTOCOL)
@@ -59,10 +62,12 @@ class WorkerUnavailable(RuntimeError):
     """No worker process can be started here (no /dev/shm, process limits): parse in a thread instead."""
 
 
-class ParseWorker:
-    """One worker process, started on first use (spawned: the parent runs watch threads, fork is unsafe)."""
+class ParseWorker(Generic[Report]):
+    """One worker process, started on first use (spawned: the parent runs watch threads, fork is unsafe), that
+    parses with `loader`."""
 
-    def __init__(self) -> None:
+    def __init__(self, loader: Loader[Report]) -> None:
+        self._loader = loader
         self._pool: ProcessPoolExecutor | None = None
         self._busy = False
         self.usable = True
@@ -71,7 +76,7 @@ class ParseWorker:
 
     async def load(
         self, path: str, node_labels: tuple[str, ...], mtime: float
-    ) -> tuple[dict[str, NodeMetrics], FetchReport]:
+    ) -> tuple[dict[str, NodeMetrics], Report]:
         loop = asyncio.get_running_loop()
         self._busy = True
         try:
@@ -83,7 +88,7 @@ class ParseWorker:
                         initializer=_worker_init,
                         initargs=(os.getpid(),),
                     )
-                future = loop.run_in_executor(self._pool, load_rows, path, node_labels, mtime)
+                future = loop.run_in_executor(self._pool, load_rows, self._loader, path, node_labels, mtime)
             except OSError as exc:  # semaphores or the process itself could not be created
                 self.usable = False
                 raise WorkerUnavailable(f"cannot start a parse worker process ({exc})") from exc

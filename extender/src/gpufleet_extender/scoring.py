@@ -41,13 +41,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE, GpuRequest, ResourceRequest
 from gpufleet_extender.snapshot import DeviceMetrics, MetricsSnapshot, NodeMetrics
-
-if TYPE_CHECKING:  # config imports this module: the type only, no import cycle at run time
-    from gpufleet_extender.config import Settings
 
 MIN_SCORE = 0
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
@@ -72,6 +69,36 @@ class Mode(StrEnum):
 ModeMap = Mapping[str, Mode]  # resource -> mode in force (auto); resources not in it are scored spread
 
 
+class PolicySettings(Protocol):
+    """The settings a Policy is made of (config.Settings has them). A protocol, not config's class: config imports
+    this module for the defaults, and scoring stays free of settings handling."""
+
+    @property
+    def GPU_UTIL_THRESHOLD(self) -> float: ...
+    @property
+    def MEM_UTIL_THRESHOLD(self) -> float: ...
+    @property
+    def WEIGHT_GPU_UTIL(self) -> float: ...
+    @property
+    def WEIGHT_MEM_UTIL(self) -> float: ...
+    @property
+    def METRICS_MAX_AGE_SECONDS(self) -> float: ...
+    @property
+    def ON_MISSING_METRICS(self) -> str: ...
+    @property
+    def SCORING_STRATEGY(self) -> Strategy: ...
+    @property
+    def PACK_TARGET_UTIL(self) -> float: ...
+    @property
+    def AUTO_PACK_BELOW(self) -> float: ...
+    @property
+    def AUTO_HYSTERESIS(self) -> float: ...
+    @property
+    def SHARED_RESOURCES(self) -> Mapping[str, int]: ...
+    @property
+    def INTERFERENCE_WEIGHT(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     gpu_util_threshold: float = 0.8
@@ -89,7 +116,7 @@ class Policy:
     shared_mem_free_min: float = 0.0  # SHARED_MEM_FREE_MIN: memory share free on each shared candidate (0 = off)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Policy:
+    def from_settings(cls, settings: PolicySettings) -> Policy:
         return cls(
             gpu_util_threshold=settings.GPU_UTIL_THRESHOLD,
             mem_util_threshold=settings.MEM_UTIL_THRESHOLD,
@@ -224,14 +251,6 @@ def pack_score(load: float, target: float) -> int:
     rising = load <= target
     raw = (1.0 - target) * load / target + target if rising else target * (1.0 - load) / (1.0 - target)
     return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * raw)))
-
-
-def resource_load(devices: Sequence[DeviceMetrics], policy: Policy, assumed: int = 0) -> float:
-    """Mean load of a node's devices of one resource; devices taken by ``assumed`` in-flight pods count as full
-    (those pods are running but no sample shows their load yet)."""
-    if not devices:
-        return 1.0
-    return _ranked_mean_load(_by_load(devices, policy), policy, assumed)
 
 
 def _ranked_mean_load(ranked: Sequence[DeviceMetrics], policy: Policy, assumed: int) -> float:

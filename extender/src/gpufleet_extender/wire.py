@@ -20,8 +20,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from gpufleet_extender.errors import ExtenderError
 
-class WireError(ValueError):
+
+class WireError(ExtenderError, ValueError):
     """The request body is not a usable ExtenderArgs; ``status`` is the HTTP status to answer."""
 
     def __init__(self, message: str, status: int = 422) -> None:
@@ -255,10 +257,6 @@ def encode_filter_result(
             FailedAndUnresolvableNodes=unresolvable,
         )
     return _encoder.encode(result)
-
-
-def encode_priorities(hosts: list[str], scores: list[int]) -> bytes:
-    return _encoder.encode([HostPriority(host, score) for host, score in zip(hosts, scores, strict=True)])
 
 
 def encode(value: Any) -> bytes:

@@ -171,7 +171,10 @@ def test_hong_kong_inventory(monkeypatch):
     per_tenant = Counter(n.tenant for n in fleet.nodes)
     assert per_tenant == {"llm": 10, "imagegen": 6, "finnlp": 4}
     assert fleet.capacity("llm", "nvidia.com/gpu") == 80
-    assert fleet.capacity("finnlp", "nvidia.com/mig-1g.10gb") == 4 * 8 * 7
+    # finnlp time-slices its 1g.10gb instances four ways (gpufleet_tenants' sharing): 4 nodes x 8 GPUs x 7 x 4.
+    assert fleet.replicas_for("finnlp", "nvidia.com/mig-1g.10gb") == 4
+    assert fleet.capacity("finnlp", "nvidia.com/mig-1g.10gb") == 4 * 8 * 7 * 4
     assert fleet.capacity("imagegen", "nvidia.com/mig-3g.40gb") == 6 * 8
+    assert fleet.with_replicas(2).capacity("imagegen", "nvidia.com/mig-3g.40gb") == 6 * 8 * 2
     assert fleet.namespace_tenants["finnlp-batch"] == "finnlp"
     assert fleet.replicas == 1

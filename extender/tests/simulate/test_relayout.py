@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet_extender.mig_utils.placement import minimum_destroyed_keeping
 from gpufleet_extender.simulate import relayout
 from gpufleet_extender.simulate.relayout import (
     HOUR,
@@ -28,17 +29,8 @@ IMAGEGEN = [TWO_3G] * 4 + [[("2g.20gb", 0), ("2g.20gb", 2), ("2g.20gb", 4), ("1g
 
 @pytest.fixture(scope="module")
 def minimum_destroyed():
-    """The brute-force reference of benchmarks/bench_mig.py, loaded as the simulator loads it (from the root)."""
-    import os
-
-    cwd = os.getcwd()
-    os.chdir(REPO)
-    try:
-        found = relayout.load_minimum_destroyed()
-    finally:
-        os.chdir(cwd)
-    assert found is not None
-    return found
+    """The exhaustive reference the simulator checks each re-layout against (the one bench-mig uses)."""
+    return minimum_destroyed_keeping
 
 
 def test_the_minimum_keeps_the_held_instances(minimum_destroyed):
@@ -143,6 +135,17 @@ def test_pools_come_from_the_inventory_layouts_exactly_placed():
     assert pools_from_inventory_data(data) == {"imagegen": [TWO_3G, TWO_3G]}
     with pytest.raises(relayout.RelayoutError, match="no MIG pool"):
         pools_from_inventory_data({"_meta": {"hostvars": {"cp": {}}}})
+    # Each host's gpufleet_gpu_product counts (the fleet simulator's reading): an H200 pool is named, not modelled
+    # as an H100 one; an unknown product is refused with the layout library's message.
+    img = data["_meta"]["hostvars"]["img-1"]
+    img["gpufleet_gpu_product"] = "NVIDIA H100 80GB HBM3"
+    assert pools_from_inventory_data(data) == {"imagegen": [TWO_3G, TWO_3G]}
+    img["gpufleet_gpu_product"] = "NVIDIA H200"
+    with pytest.raises(relayout.RelayoutError, match=r"^img-1: gpufleet_gpu_product NVIDIA H200: the re-layout model"):
+        pools_from_inventory_data(data)
+    img["gpufleet_gpu_product"] = "NVIDIA T4"
+    with pytest.raises(relayout.RelayoutError, match=r"^img-1: gpufleet_gpu_product: "):
+        pools_from_inventory_data(data)
 
 
 def test_goals_are_worded_like_the_simulators_with_figures():

@@ -47,9 +47,16 @@ def test_inventory_sharing_is_per_pool_and_resource():
     assert fleet.shared_resources() == {MIG1G: 4}
     cluster = SimCluster(fleet, Policy())
     assert cluster.nodes["nlp1"].replicas_of == {MIG1G: 4}
-    data["_meta"]["hostvars"]["nlp1"]["gpufleet_tenants"]["finnlp"]["sharing"] = {"1g.10gb": 0}
-    with pytest.raises(FleetError, match=r"sharing of 1g\.10gb must be a whole number >= 1"):
+    # The tenants role's rules and messages (mig_utils.names.parse_sharing): 1 to 64 replicas, every problem listed.
+    data["_meta"]["hostvars"]["nlp1"]["gpufleet_tenants"]["finnlp"]["sharing"] = {"1g.10gb": 0, "gpu": 65, "9g.1gb": 2}
+    with pytest.raises(FleetError) as refused:
         fleet_from_inventory_data(data)
+    assert str(refused.value) == (
+        "gpufleet_tenants.finnlp: sharing of nvidia.com/mig-1g.10gb must be a whole number of replicas from 1 "
+        "(exclusive) to 64, not 0; gpufleet_tenants.finnlp: sharing of nvidia.com/gpu must be a whole number of "
+        "replicas from 1 (exclusive) to 64, not 65; gpufleet_tenants.finnlp: sharing names 9g.1gb, which is not "
+        "nvidia.com/gpu or nvidia.com/mig-<profile>"
+    )
 
 
 def _picks(node, spec, how: DeviceChoice) -> set[tuple[int, ...]]:

@@ -349,22 +349,22 @@ def test_plugin_mode_renders_shared_resources_and_the_interference_weight(tmp_pa
     assert type(args["interferenceWeight"]) is float and args["interferenceWeight"] == 1.0
 
 
-def test_plugin_mode_refuses_bad_shared_resources_and_weight_with_the_inventorys_names(tmp_path):
+def test_plugin_mode_refuses_bad_args_with_every_problem_in_the_plugins_words(tmp_path):
+    # gpufleet-extender check-config --plugin-args on the rendered args: every problem at once, as GPUScore says it.
     extra = {
         "kube_scheduler_mode": "plugin",
-        "kube_scheduler_plugin_shared_resources": {"example.com/fpga": 2, "nvidia.com/mig-1g.10gb": 65},
+        "kube_scheduler_plugin_shared_resources": {"example.com/fpga": 2, "nvidia.com/mig-1g.10gb": 4},
         "kube_scheduler_plugin_interference_weight": 12,
+        "kube_scheduler_plugin_extra_args": {"threshold": 1, "scoringStrategy": "pack", "packTargetUtil": 0.9},
     }
-    output = render_failure(tmp_path, extra)
+    output = " ".join(render_failure(tmp_path, extra).split())  # the message is wrapped over several lines
+    assert "kube_scheduler: GPUScore would refuse its args at start" in output
     assert (
-        "kube_scheduler_plugin_shared_resources: names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got "
-        "example.com/fpga" in output
-    )
-    assert (
-        "kube_scheduler_plugin_shared_resources: nvidia.com/mig-1g.10gb: replicas must be a whole number in 1..64 "
-        "(got 65)" in output
-    )
-    assert "kube_scheduler_plugin_interference_weight: must be a number in 0..10 (got 12)" in output
+        "invalid GPUScore args: threshold: unknown argument; "
+        "sharedResources: names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got example.com/fpga; "
+        "interferenceWeight: 12 is not in [0, 10]; "
+        "packTargetUtil (0.9) must be below gpuUtilThreshold (0.8) with scoringStrategy=pack"
+    ) in output
 
 
 def test_gpuscore_is_refused_outside_plugin_mode(tmp_path):
@@ -381,10 +381,6 @@ def test_gpuscore_is_refused_outside_plugin_mode(tmp_path):
 @pytest.mark.parametrize(
     ("extra_vars", "message"),
     [
-        (
-            {"kube_scheduler_plugin_extra_args": {"threshold": 0.8}},
-            'profiles[0].pluginConfig[0].args.threshold: strict decoding error: unknown field "threshold"',
-        ),
         (
             {"kube_scheduler_profile_plugins": {"score": {"enabled": [{"name": "TrimaranTargetLoadPacking"}]}}},
             'ScorePlugin "TrimaranTargetLoadPacking" does not exist',

@@ -1,13 +1,12 @@
-"""Shared test helpers: catalogs, a fresh simulator, and the benchmark's brute-force reference."""
+"""Shared test helpers: catalogs, a fresh simulator, and the bench-mig benchmark (benchmarks/bench_mig.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from itertools import product
 from pathlib import Path
 
+from ansible_collections.gpufleet.mig.benchmarks import bench_mig as bench  # noqa: F401  (the tests' import)
 from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml, new_state
 from ansible_collections.gpufleet.mig.plugins.module_utils.planner import Catalog
 from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import H100_80GB, H200_141GB
@@ -15,11 +14,6 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import
 REPO = Path(__file__).resolve().parents[3]
 H100 = Catalog.from_table(H100_80GB)
 H200 = Catalog.from_table(H200_141GB)
-
-_spec = importlib.util.spec_from_file_location("bench_mig", REPO / "benchmarks" / "bench_mig.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_mig"] = bench  # dataclasses look their module up there
-_spec.loader.exec_module(bench)
 
 
 def every_count_combination(catalog: Catalog):

@@ -28,17 +28,18 @@ from typing import Any
 
 import yaml
 
+from gpufleet_extender.mig_utils import names
 from gpufleet_extender.mig_utils.exceptions import MigError
 from gpufleet_extender.mig_utils.layout import memory_gb, node_layout
-from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
-from gpufleet_extender.simulate.trace import TraceError, normalise_resource
+from gpufleet_extender.pods import WHOLE_GPU_RESOURCE
+from gpufleet_extender.simulate.errors import SimulationError
 
 DEFAULT_INVENTORY = Path("inventories/hongkong")
 DEFAULT_GPU_MEMORY_GB = 80.0  # H100 SXM 80GB, the fleet's card
 _PRODUCT_MEMORY = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
 
 
-class FleetError(ValueError):
+class FleetError(SimulationError):
     """The fleet description cannot be used; the message is meant for a person."""
 
 
@@ -94,8 +95,10 @@ class Fleet:
         return sorted({n.tenant for n in self.nodes if n.tenant})
 
     def capacity(self, tenant: str | None, resource: str) -> int:
-        """Pod slots of ``resource`` in ``tenant``'s pool (devices x replicas)."""
-        return self.replicas * sum(len(n.devices_of(resource)) for n in self.nodes if n.tenant == tenant)
+        """Pod slots of ``resource`` in ``tenant``'s pool: devices x that pool's replicas (its ``sharing``, else
+        ``replicas``), as the tenants role counts a pool's capacity."""
+        devices = sum(len(n.devices_of(resource)) for n in self.nodes if n.tenant == tenant)
+        return self.replicas_for(tenant, resource) * devices
 
     def resources_of(self, tenant: str | None) -> list[str]:
         return sorted({d.resource for n in self.nodes if n.tenant == tenant for d in n.devices})
@@ -110,20 +113,14 @@ class Fleet:
 
 
 def parse_sharing(tenant: str | None, value: Any, where: str) -> dict[tuple[str | None, str], int]:
-    """A pool's ``sharing`` ({resource: replicas}, short names allowed) as (tenant, resource) -> replicas."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise FleetError(f"{where}: sharing must map resource -> replicas, got {value!r}")
-    sharing = {}
-    for resource, replicas in value.items():
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-            raise FleetError(f"{where}: sharing of {resource} must be a whole number >= 1, got {replicas!r}")
-        try:
-            sharing[(tenant, normalise_resource(str(resource)))] = replicas
-        except TraceError as exc:
-            raise FleetError(f"{where}: {exc}") from None
-    return sharing
+    """A pool's ``sharing`` ({resource: replicas}, short names allowed) as (tenant, resource) -> replicas; the
+    rules and messages are the collection's (``mig_utils.names.parse_sharing``, as the tenants role reads it)."""
+    sharing: dict[str, int]
+    errors: list[str]
+    sharing, errors = names.parse_sharing(value, where)
+    if errors:
+        raise FleetError("; ".join(errors))
+    return {(tenant, resource): replicas for resource, replicas in sharing.items()}
 
 
 def profile_memory_gb(profile: str) -> float:
@@ -162,7 +159,7 @@ def node_devices(config: Any, gpu_count: int, product: str | None, where: str) -
         for profile, count in sorted(instances.items()):
             memory = profile_memory_gb(profile)
             for _ in range(count):
-                devices.append(Device(f"gpu{index}/mig{number}", MIG_RESOURCE_PREFIX + profile, memory))
+                devices.append(Device(f"gpu{index}/mig{number}", names.mig_resource(profile), memory))
                 number += 1
     return tuple(devices)
 

@@ -46,6 +46,7 @@ from typing import Any
 
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE
 from gpufleet_extender.scoring import Policy, below_thresholds, tenant_mismatch
+from gpufleet_extender.simulate.errors import SimulationError as SimulationError  # re-exported: its old home
 from gpufleet_extender.simulate.fleet import Fleet
 from gpufleet_extender.simulate.policies import PlacementPolicy, SchedulerView
 from gpufleet_extender.simulate.state import DeviceState, NodeState, Running, SimCluster
@@ -57,10 +58,6 @@ class DeviceChoice(StrEnum):
     LOWEST_INDEX = "lowest-index"  # the same with ties by index (the earlier model)
     LEAST_LOADED = "least-loaded"  # what the extender's spread score assumes; no deployed plugin does it
     DISTRIBUTED = "distributed"  # the earlier name of plugin
-
-
-class SimulationError(ValueError):
-    """The fleet and trace cannot be simulated together; the message is meant for a person."""
 
 
 # NVIDIA's measurement of time-slicing against MIG under heavy load, 0.76 against 1.00 requests/s per GPU

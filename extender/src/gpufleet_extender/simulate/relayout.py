@@ -11,8 +11,8 @@ interval will want), and applies the advice as ``playbooks/mig-rebalance.yml`` w
 
 Counted per run: running pods disturbed (a pod on an instance the advice destroys; the advisor keeps allocated
 instances, so this must stay 0), instances destroyed per re-layout against the brute-force minimum for each GPU's
-target while keeping the busy ones (``benchmarks/bench_mig.py:minimum_destroyed_keeping``, ``make bench-mig``'s
-reference), pending pod-minutes and
+target while keeping the busy ones (``mig_utils.placement.minimum_destroyed_keeping``, the exhaustive reference
+``make bench-mig`` checks the planner against), pending pod-minutes and
 wait p95 per tenant. ``gpus_needed`` searches the smallest pool that serves the trace with no pod waiting longer than
 a bound.
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import heapq
-import importlib.util
 import json
 import math
 import random
@@ -37,9 +36,11 @@ from typing import Any
 
 from gpufleet_extender.mig_utils.advisor import AdviceError, CurrentInstance, GpuNow, advise
 from gpufleet_extender.mig_utils.exceptions import MigError
-from gpufleet_extender.mig_utils.layout import node_layout
+from gpufleet_extender.mig_utils.layout import node_layout, product_or_default
+from gpufleet_extender.mig_utils.placement import minimum_destroyed_keeping
 from gpufleet_extender.mig_utils.planner import Catalog, validate_target
 from gpufleet_extender.mig_utils.profile_tables import H100_80GB
+from gpufleet_extender.simulate.errors import SimulationError
 from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, FleetError, read_inventory
 
 H100 = Catalog.from_table(H100_80GB)
@@ -49,12 +50,11 @@ MINUTE = 60.0
 DEFAULT_EVERY_MINUTES = 10.0
 DEFAULT_WAIT_BOUND_MINUTES = 20.0
 DRAIN_SECONDS = HOUR  # after the last arrival; a pod still waiting then counts as never placed
-BENCH_MIG = Path("benchmarks/bench_mig.py")
 
 Layout = list[tuple[str, int]]  # one GPU: (profile, start) of each instance
 
 
-class RelayoutError(ValueError):
+class RelayoutError(SimulationError):
     """Bad input for the re-layout simulation; the message is meant for a person."""
 
 
@@ -130,7 +130,9 @@ def day_trace(
 
 def inventory_pools(inventory: str | Path = DEFAULT_INVENTORY) -> dict[str, list[Layout]]:
     """Tenant -> per-GPU layouts (exact placements, as nvidia_mig places them on an empty GPU) of every node whose
-    GPUs are all MIG-enabled, read with ``ansible-inventory --list`` and expanded by the layout library."""
+    GPUs are all MIG-enabled, read with the fleet simulator's reader (``fleet.read_inventory``) and expanded by the
+    layout library for each host's ``gpufleet_gpu_product`` (the model covers H100 80GB pools, and says so for
+    others)."""
     try:
         data = read_inventory(inventory)
     except FleetError as exc:
@@ -145,8 +147,17 @@ def pools_from_inventory_data(data: Mapping[str, Any]) -> dict[str, list[Layout]
         hv = hostvars[host]
         if "mig_partition_config" not in hv or not hv.get("gpufleet_tenant"):
             continue
+        product = hv.get("gpufleet_gpu_product")
         try:
-            counts = node_layout(hv["mig_partition_config"], hv.get("gpufleet_gpus_per_node", 8))
+            table = product_or_default(product)
+        except MigError as exc:
+            raise RelayoutError(f"{host}: gpufleet_gpu_product: {exc.message}") from None
+        if table.product != H100_80GB.product:  # the model's advisor calls and reference work on H100 catalogs
+            raise RelayoutError(
+                f"{host}: gpufleet_gpu_product {table.product}: the re-layout model covers {H100_80GB.product} pools"
+            )
+        try:
+            counts = node_layout(hv["mig_partition_config"], hv.get("gpufleet_gpus_per_node", 8), product)
             if any(c is None for c in counts):
                 continue  # whole GPUs: not a MIG pool
             layouts = [[(s.profile, s.start) for s in validate_target(c or {}, H100, host)] for c in counts]
@@ -167,24 +178,6 @@ def scaled_pool(layouts: Sequence[Layout], gpus: int) -> list[Layout]:
 
 
 MinimumDestroyed = Callable[[Layout, dict[str, int], set[tuple[str, int]], Catalog], "int | None"]
-
-
-def load_minimum_destroyed() -> MinimumDestroyed | None:
-    """``benchmarks/bench_mig.py:minimum_destroyed_keeping``: the fewest of a GPU's instances any valid placement of
-    a layout destroys while keeping the busy ones, by the naive enumeration ``make bench-mig`` checks the planner
-    against. Loaded from the checkout; None outside one (the check is then reported as not made).
-
-    Not ``minimum_destroyed``, which ignores busy instances: around a held 1g.10gb at slice 0, 2 x 1g.10gb +
-    2g.20gb + 3g.40gb can only put the 2g.20gb at slice 2, while the unconstrained minimum moves the held one."""
-    if not BENCH_MIG.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("gpufleet_bench_mig", BENCH_MIG)
-    if spec is None or spec.loader is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module.minimum_destroyed_keeping  # type: ignore[no-any-return]
 
 
 # --- the model -------------------------------------------------------------------------------------------------
@@ -584,11 +577,12 @@ def compare(
     parameters: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
     allowed: Mapping[str, Sequence[str]] | None = None,
+    minimum_destroyed: MinimumDestroyed | None = minimum_destroyed_keeping,
 ) -> Comparison:
     """Static against re-layout on each pool; ``allowed``: tenant -> profiles a re-layout may create (default: those
-    of the pool's layout)."""
+    of the pool's layout); ``minimum_destroyed``: the reference each re-layout's destroys are checked against (None:
+    not checked)."""
     started = time.perf_counter()
-    minimum = load_minimum_destroyed()
     tenants = sorted({p.tenant for p in pods} & set(pools))
     limit = search_limit or 4 * max(len(pools[t]) for t in tenants)
     params = {
@@ -604,7 +598,7 @@ def compare(
             if progress:
                 progress(f"{tenant}: {mode} on the inventory's {len(pools[tenant])} GPUs")
             result.runs[mode][tenant] = run_pool(
-                tenant, pools[tenant], pods, interval, minimum, (allowed or {}).get(tenant)
+                tenant, pools[tenant], pods, interval, minimum_destroyed, (allowed or {}).get(tenant)
             )
     if search:
         result.needed = {"static": {}, "relayout": {}}
@@ -619,7 +613,7 @@ def compare(
                     interval,
                     bound_minutes * MINUTE,
                     limit,
-                    minimum,
+                    minimum_destroyed,
                     (allowed or {}).get(tenant),
                 )
                 result.needed[mode][tenant] = needed

@@ -29,12 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE, ResourceRequest
+from gpufleet_extender.mig_utils.names import RESOURCE_FORMS, resource_name
+from gpufleet_extender.pods import ResourceRequest
+from gpufleet_extender.simulate.errors import SimulationError
 
 CSV_FIELDS = ("arrival", "namespace", "tenant", "resource", "count", "duration", "util", "mem_gb", "name")
 
 
-class TraceError(ValueError):
+class TraceError(SimulationError):
     """A trace entry cannot be used; the message names the file and line."""
 
 
@@ -115,16 +117,11 @@ class Trace:
 
 
 def normalise_resource(name: str) -> str:
-    name = name.strip()
-    if name in ("gpu", WHOLE_GPU_RESOURCE):
-        return WHOLE_GPU_RESOURCE
-    if name.startswith(MIG_RESOURCE_PREFIX):
-        return name
-    if name.startswith("mig-"):
-        return "nvidia.com/" + name
-    if name and name[0].isdigit() and "g." in name:
-        return MIG_RESOURCE_PREFIX + name
-    raise TraceError(f"resource {name!r} is not nvidia.com/gpu or nvidia.com/mig-<profile>")
+    """The device plugin's resource for a trace's ``resource`` (short forms allowed), or TraceError."""
+    resource: str | None = resource_name(name)
+    if resource is None:
+        raise TraceError(f"resource {name.strip()!r} is not {RESOURCE_FORMS}")
+    return resource
 
 
 def _number(value: Any, what: str, low: float | None = None, high: float | None = None) -> float:

@@ -4,10 +4,8 @@ for the chosen layout (the bench-mig reference), no change without a reason, the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 from itertools import product
 
 import pytest
@@ -22,16 +20,12 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.advisor import (
     rollout_surprises,
 )
 from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml, new_state
+from ansible_collections.gpufleet.mig.plugins.module_utils.placement import minimum_destroyed_keeping
 from ansible_collections.gpufleet.mig.plugins.module_utils.planner import Catalog
 from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import H100_80GB
 from ansible_collections.gpufleet.mig.plugins.module_utils.runner import apply
-from support import REPO
 
 H100 = Catalog.from_table(H100_80GB)
-_spec = importlib.util.spec_from_file_location("bench_mig", REPO / "benchmarks" / "bench_mig.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench  # its dataclasses look their module up there
-_spec.loader.exec_module(bench)
 
 SMALL = ("1g.10gb", "2g.20gb", "3g.40gb")
 
@@ -140,7 +134,7 @@ def check_guarantees(gpus, advice, minimums=None, allowed=None):
         current = [(i.profile, i.start) for i in now.instances]
         held = {(i.profile, i.start) for i in now.instances if i.allocated}
         if gpu.changed:
-            assert len(gpu.destroy) == bench.minimum_destroyed_keeping(current, gpu.counts(), held, H100)
+            assert len(gpu.destroy) == minimum_destroyed_keeping(current, gpu.counts(), held, H100)
         if allowed is not None:
             assert all(s.profile in allowed for s in gpu.create)
     totals = {}

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 from _helpers import H100, H200, bench, every_count_combination
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import BusyInstanceError, SpecError
+from ansible_collections.gpufleet.mig.plugins.module_utils.placement import all_layouts, minimum_destroyed
 from ansible_collections.gpufleet.mig.plugins.module_utils.planner import (
     Catalog,
     GpuState,
@@ -53,7 +54,7 @@ def test_search_agrees_with_brute_force_on_every_request(catalog):
     checked = 0
     for wanted in every_count_combination(catalog):
         found = search_placement(wanted, catalog)
-        feasible = next(bench.all_layouts(wanted, catalog), None) is not None
+        feasible = next(all_layouts(wanted, catalog), None) is not None
         assert (found is not None) == feasible, wanted
         if found is not None:
             assert _is_valid(found, wanted, catalog), (wanted, found)
@@ -216,12 +217,12 @@ def test_random_transitions_destroy_the_brute_force_minimum(seed):
         before = bench.random_layout(rng, H100)
         current = search_placement(before, H100) or []
         # shuffle where the current instances are, among all valid placements of that layout
-        layouts = list(bench.all_layouts(before, H100)) if before else [frozenset()]
+        layouts = list(all_layouts(before, H100)) if before else [frozenset()]
         chosen = sorted(rng.choice(layouts), key=lambda item: item[1])
         current = [_inst(i + 1, name, start) for i, (name, start) in enumerate(chosen)]
         target = bench.random_layout(rng, H100)
         plan = plan_gpu(_state(current), GpuTarget(True, target, 0), H100, force=False)
-        minimum = bench.minimum_destroyed([(i.profile, i.start) for i in current], target, H100)
+        minimum = minimum_destroyed([(i.profile, i.start) for i in current], target, H100)
         assert len(plan.destroy) == minimum, (chosen, target)
         assert _is_valid(plan.after, target, H100)
 
