@@ -273,6 +273,32 @@ def exporter_matchers(job: str = "", namespace: str = "") -> str:
     return ",".join(f"{label}={json.dumps(value)}" for label, value in pinned.items() if value)
 
 
+# The labels a decision reads besides the node's (snapshot.build_snapshot): the device, its MIG instance and
+# profile, and the pod a time-sliced device serves (exported_*: Prometheus renames the exporter's own when they
+# clash with target labels).
+DECISION_LABELS = ("gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "pod", "namespace", "exported_pod", "exported_namespace")
+
+
+def prometheus_queries(node_labels: Iterable[str], matchers: str = "") -> tuple[str, str]:
+    """(series query, sample-time query) of a refresh.
+
+    The series come aggregated by the labels decisions read (``max by``), so Prometheus drops the exporter's
+    other labels (PCI bus, model, driver, container, its own job and instance) before encoding the answer: a
+    third less JSON at 1,000 nodes, and series only two exporters disagree on fold into their maximum (the
+    hotter reading) instead of arriving twice. `matchers` (exporter_matchers) keep out series of the same names
+    from any other scrape job. timestamp() drops the metric name, so one timestamp() over all four metrics would
+    produce duplicate label sets (Prometheus refuses); one per metric, joined with `or`, does not.
+    """
+    node_labels = tuple(node_labels)
+    names = '__name__=~"' + "|".join(DCGM_METRICS) + '"'
+    keep = ", ".join(("__name__", *node_labels, *DECISION_LABELS))
+    series = f"max by ({keep}) ({{{names}{',' + matchers if matchers else ''}}})"
+    selector = "{" + matchers + "}" if matchers else ""
+    by = ", ".join(node_labels)
+    times = " or ".join(f"max by ({by}) (timestamp({metric}{selector}))" for metric in DCGM_METRICS)
+    return series, times
+
+
 class PrometheusSource:
     name = "prometheus"
 
@@ -294,13 +320,7 @@ class PrometheusSource:
         self._clock = clock
         self._max_skew = max_skew
         self.report: FetchReport | None = None
-        # `matchers` (exporter_matchers) keep out series of the same names from any other scrape job.
-        self._series_query = '{__name__=~"' + "|".join(DCGM_METRICS) + '"' + ("," + matchers if matchers else "") + "}"
-        selector = "{" + matchers + "}" if matchers else ""
-        # timestamp() drops the metric name, so one timestamp() over all four metrics would produce duplicate
-        # label sets (Prometheus refuses); one per metric, joined with `or`, does not.
-        by = ", ".join(node_labels)
-        self._times_query = " or ".join(f"max by ({by}) (timestamp({metric}{selector}))" for metric in DCGM_METRICS)
+        self._series_query, self._times_query = prometheus_queries(node_labels, matchers)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -439,7 +459,9 @@ class SnapshotRefresher:
         self.last_error = message
         self._on_error(self.source.name)
 
-    async def run(self) -> None:
+    async def run(self, after: Callable[[], None] = lambda: None) -> None:
+        """Refresh every METRICS_REFRESH_SECONDS; ``after`` runs after each refresh (the app checks blindness)."""
         while True:
             await self.refresh_once()
+            after()
             await asyncio.sleep(self._refresh_seconds)
