@@ -34,6 +34,7 @@ from types import MappingProxyType
 from typing import Any, Protocol, cast
 
 import httpx
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet_extender.parse_worker import ParseWorker, WorkerUnavailable
@@ -299,6 +300,23 @@ def prometheus_queries(node_labels: Iterable[str], matchers: str = "") -> tuple[
     return series, times
 
 
+def decode_vector(status: int, content: bytes) -> list[dict[str, Any]]:
+    """The vector of an instant query's answer (raises MetricsSourceError). Runs in the refresh's thread: tens of
+    megabytes of JSON at thousands of nodes would hold the event loop, and every request with it, for seconds."""
+    try:
+        payload = msgspec.json.decode(content)
+    except msgspec.DecodeError:
+        raise MetricsSourceError(f"Prometheus answered HTTP {status} without JSON") from None
+    if not isinstance(payload, dict):
+        raise MetricsSourceError(f"Prometheus answered HTTP {status} without a JSON object")
+    if status != 200 or payload.get("status") != "success":
+        raise MetricsSourceError(f"Prometheus query failed (HTTP {status}): {payload.get('error')}")
+    data = payload.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise MetricsSourceError(f"Prometheus returned {data.get('resultType')!r}, expected a vector")
+    return cast("list[dict[str, Any]]", data.get("result") or [])
+
+
 class PrometheusSource:
     name = "prometheus"
 
@@ -325,21 +343,13 @@ class PrometheusSource:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _query(self, promql: str) -> list[dict[str, Any]]:
+    async def _query(self, promql: str) -> tuple[int, bytes]:
+        """The HTTP status and body of one instant query (decoded later, off the event loop: decode_vector)."""
         try:
             response = await self._client.get("/api/v1/query", params={"query": promql})
         except httpx.HTTPError as exc:
             raise MetricsSourceError(f"Prometheus unreachable: {exc.__class__.__name__}: {exc}") from None
-        try:
-            payload = response.json()
-        except ValueError:
-            raise MetricsSourceError(f"Prometheus answered HTTP {response.status_code} without JSON") from None
-        if response.status_code != 200 or payload.get("status") != "success":
-            raise MetricsSourceError(f"Prometheus query failed (HTTP {response.status_code}): {payload.get('error')}")
-        data = payload.get("data") or {}
-        if data.get("resultType") != "vector":
-            raise MetricsSourceError(f"Prometheus returned {data.get('resultType')!r}, expected a vector")
-        return data.get("result") or []
+        return response.status_code, response.content
 
     async def fetch(self, version: int) -> MetricsSnapshot:
         queried_at = self._clock()
@@ -350,8 +360,13 @@ class PrometheusSource:
             raise MetricsSourceError(
                 f"Prometheus did not answer both queries within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)"
             ) from None
-        snapshot, self.report = await asyncio.to_thread(self._build, series, times, queried_at, version)
+        snapshot, self.report = await asyncio.to_thread(self._decode_and_build, series, times, queried_at, version)
         return snapshot
+
+    def _decode_and_build(
+        self, series: tuple[int, bytes], times: tuple[int, bytes], queried_at: float, version: int
+    ) -> tuple[MetricsSnapshot, FetchReport]:
+        return self._build(decode_vector(*series), decode_vector(*times), queried_at, version)
 
     def _build(
         self, series: list[dict[str, Any]], times: list[dict[str, Any]], queried_at: float, version: int
