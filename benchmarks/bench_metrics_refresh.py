@@ -30,12 +30,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 import httpx  # noqa: E402
-from dcgm_fleet import FleetPrometheus, make_fleet  # noqa: E402
-from gpufleet_extender.metrics_source import PrometheusSource, prometheus_queries  # noqa: E402
+from dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet  # noqa: E402
+from gpufleet_extender.metrics_source import PrometheusSource, exporter_matchers, prometheus_queries  # noqa: E402
 from gpufleet_extender.snapshot import DCGM_METRICS  # noqa: E402
 
 NODE_LABELS = ("Hostname", "hostname")
-MATCHERS = 'job="dcgm-exporter"'
+MATCHERS = exporter_matchers("dcgm-exporter", EXPORTER_NAMESPACE)  # as the roles pin them
 FIGURES = ("seconds", "wire", "decoded", "count")
 
 

@@ -40,6 +40,9 @@ OTHER_FIELDS = (
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
 )
 SHARD_NODES = 100
+# The target labels the dcgm_exporter role's scrape gives (job dcgm-exporter, the node agents' namespace): the
+# extender's and GPUScore's queries are pinned to them.
+EXPORTER_NAMESPACE = "gpufleet-node-agents"
 HOT_UTIL = 0.95  # every instance of a hot node: above the default 0.8 threshold
 
 
@@ -136,7 +139,8 @@ class FleetExporter:
 
 
 class FleetPrometheus:
-    """A real Prometheus on 127.0.0.1 scraping a FleetExporter's shards (job dcgm-exporter) every `interval` s;
+    """A real Prometheus on 127.0.0.1 scraping a FleetExporter's shards (job dcgm-exporter, namespace
+    EXPORTER_NAMESPACE) every `interval` s;
     `__enter__` returns its URL once every series of the fleet is in."""
 
     def __init__(self, fleet: Fleet, workdir: Path, binary: str = "/usr/bin/prometheus", interval: int = 30):
@@ -147,7 +151,8 @@ class FleetPrometheus:
     def __enter__(self) -> str:
         self.exporter = FleetExporter(self.fleet)
         targets = "".join(
-            f"      - targets: ['127.0.0.1:{self.exporter.port}']\n        labels: {{__metrics_path__: /metrics/{k}}}\n"
+            f"      - targets: ['127.0.0.1:{self.exporter.port}']\n"
+            f"        labels: {{__metrics_path__: /metrics/{k}, namespace: {EXPORTER_NAMESPACE}}}\n"
             for k in range(self.exporter.shards)
         )
         config = self.workdir / "prometheus.yml"
