@@ -202,7 +202,10 @@ def main() -> int:
 
         extender = None
         urls: dict[str, str | None] = {"extender": None, "prometheus": None}
-        with FleetPrometheus(fleet, workdir) if set(modes) - {"bare"} else contextlib.nullcontext() as prometheus_url:
+        # Scraped every 10 s: with the roles' 30 s METRICS_MAX_AGE_SECONDS, a 30 s interval plus a slow refresh
+        # would age the data out between scrapes (blind for the benchmark's sake, not the paths').
+        scraping = FleetPrometheus(fleet, workdir, interval=10) if set(modes) - {"bare"} else contextlib.nullcontext()
+        with scraping as prometheus_url:
             urls["prometheus"] = prometheus_url
             try:
                 if "extender" in modes:
