@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""What the GPU-load-aware extender costs the real kube-scheduler: pods bound per second without it, with it
-(in production mode: KUBE_API on, so in-flight accounting and tenant pools watch the real apiserver), and with the
-GPUScore plugin in gpufleet-scheduler when that binary is there (reading a real Prometheus, Debian's package,
-that scrapes the same dcgm-exporter data the extender reads from its file), side by side in one run.
+"""What GPU-load awareness costs the real kube-scheduler, counted only where decisions use the load: pods bound per
+second without it (bare), with the extender (in production mode: METRICS_SOURCE=prometheus, KUBE_API on) and with
+the GPUScore plugin in gpufleet-scheduler when that binary is there, side by side in one run. Both load-aware paths
+read one real Prometheus (Debian's package) scraping a fleet's dcgm-exporter series as a real exporter publishes them
+(tests/dcgm_fleet.py: the Hong Kong pools' layouts in turn, the full label set, both host label spellings), with every
+tenth node hot (every instance at 0.95, above the 0.8 threshold).
 
-    python3 benchmarks/bench_scheduler.py [--nodes 1000] [--pods 1000] [--modes bare,extender,plugin]
+    python3 benchmarks/bench_scheduler.py [--nodes 1000] [--pods 1000] [--modes bare,extender,plugin,bare]
     make bench-scheduler [NODES=1000] [PODS=1000]
 
 One control plane (etcd, kube-apiserver from KUBE_ASSETS, default build/k8s/bin: `make k8s-assets`) holds N nodes,
-each advertising 24 x nvidia.com/mig-2g.20gb (8 GPUs x 3 instances), with a dcgm-exporter file of random loads
-for the extender. For each mode, P pods (one instance each) are created first, then a scheduler of that mode is
-started with the configuration the kube_scheduler role renders (nodeCacheCapable, weight 3, client qps/burst 5000);
-the rate is counted from the first binding to the last, so start-up and informer sync are not in it. The pods are
-then deleted and the next mode starts from the same empty fleet. The extender's own handler time per verb (its
-/metrics histogram: request body in hand to answer encoded) is printed beside.
+each advertising its pool's devices (finnlp 56 x mig-1g.10gb, imagegen 8 x mig-3g.40gb + 12 x mig-2g.20gb +
+4 x mig-1g.10gb, llm 8 x gpu). For each mode, P pods (one mig-1g.10gb each) are created first, then a scheduler of
+that mode is started with the configuration the kube_scheduler role renders (its defaults: prometheusTimeoutSeconds
+and PROMETHEUS_TIMEOUT_SECONDS 2 s unless --prometheus-timeout); the rate is counted from the first binding to the
+last, so start-up and informer sync are not in it. The pods are then deleted and the next mode starts from the same
+empty fleet. A mode may be given more than once (bare before and after, the default).
+
+Each mode prints the pods it bound to hot nodes. A load-aware mode that binds any there placed without its metrics
+(or ignored them): it is reported as BLIND, and no throughput ratio is printed for it. Its blindness signal
+(the extender's /readyz metrics_blind, the plugin's scheduler_gpuscore_metrics_blind) is printed beside.
 
 Prints figures only: no goal is asserted (run it on a quiet machine; one run per figure in the notes).
 """
@@ -21,8 +27,10 @@ Prints figures only: no goal is asserted (run it on a quiet machine; one run per
 from __future__ import annotations
 
 import argparse
-import random
+import contextlib
+import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -30,43 +38,53 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "extender" / "tests"))  # exposition.py: dcgm-exporter text, as the tests fake it
+sys.path.insert(0, str(REPO / "extender" / "tests"))  # exposition.py, which scheduling.py imports
 
 import httpx  # noqa: E402
 from controlplane import ControlPlane, assets_dir, missing_assets  # noqa: E402
+from dcgm_fleet import EXPORTER_NAMESPACE, LAYOUTS, FleetPrometheus, make_fleet  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
 from scheduling import (  # noqa: E402
-    MIG_RESOURCE,
     BindingWatch,
-    MetricsEndpoint,
     create_nodes,
     create_pods,
     gpu_pod,
     rendered_scheduler_config,
     start_extender,
     stop_process,
-    write_mig_metrics,
 )
 
-INSTANCES_PER_NODE = 24
+POD_RESOURCE = "nvidia.com/mig-1g.10gb"
 MODES = ("bare", "extender", "plugin")
+# The scheduler's /metrics without credentials, for the plugin's blindness gauge.
+OPEN_METRICS = ("--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",)
 
 
-def scheduler_config(
-    mode: str, workdir: Path, extender_url: str | None, prometheus_url: str | None
-) -> tuple[dict, str]:
+def pool_resources(pool: str) -> dict[str, str]:
+    """What a node of `pool` advertises: one device per instance of its layout (a whole GPU without MIG)."""
+    counts: dict[str, int] = {}
+    for profiles in LAYOUTS[pool]:
+        for resource in ["nvidia.com/gpu"] if profiles is None else [f"nvidia.com/mig-{p}" for p in profiles]:
+            counts[resource] = counts.get(resource, 0) + 1
+    return {resource: str(count) for resource, count in counts.items()}
+
+
+def scheduler_config(mode: str, workdir: Path, urls: dict[str, str | None], timeout: float | None) -> tuple[dict, str]:
     """(KubeSchedulerConfiguration, binary) for a mode; its one profile is named bench-<mode>."""
     if mode == "bare":
         config = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}
         binary = "kube-scheduler"
     elif mode == "extender":
-        config = rendered_scheduler_config(workdir / "render-extender", kube_scheduler_extender_url_prefix=extender_url)
+        config = rendered_scheduler_config(
+            workdir / "render-extender", kube_scheduler_extender_url_prefix=urls["extender"]
+        )
         binary = "kube-scheduler"
     else:
-        config = rendered_scheduler_config(
-            workdir / "render-plugin", kube_scheduler_mode="plugin", gpu_extender_prometheus_url=prometheus_url
-        )
+        extra = {"gpu_extender_prometheus_url": urls["prometheus"]}
+        if timeout is not None:
+            extra["gpu_extender_prometheus_timeout_seconds"] = timeout
+        config = rendered_scheduler_config(workdir / "render-plugin", kube_scheduler_mode="plugin", **extra)
         binary = "gpufleet-scheduler"
     config.setdefault("profiles", [{}])[0]["schedulerName"] = f"bench-{mode}"
     return config, binary
@@ -91,34 +109,65 @@ def print_handler_times(before: dict, after: dict) -> None:
             print(f"  extender  {verb:10s} {calls:>6} calls, mean handler time {spent / calls * 1000:.3f} ms")
 
 
-def run_mode(plane, core, mode: str, pods: int, workdir: Path, urls: dict[str, str | None]) -> float:
-    namespace = f"bench-{mode}"
+def extender_blindness(url: str) -> str:
+    body = httpx.get(f"{url}/readyz", timeout=10).json()
+    return f"blind: {body['metrics_blind_reason']}" if body["metrics_blind"] else "metrics in use"
+
+
+def plugin_blindness(port: int) -> str:
+    text = httpx.get(f"https://127.0.0.1:{port}/metrics", verify=False, timeout=10).text
+    blind = re.search(r"^scheduler_gpuscore_metrics_blind (\S+)$", text, re.MULTILINE)
+    failures = re.search(r"^scheduler_gpuscore_metrics_refresh_failures_total (\S+)$", text, re.MULTILINE)
+    failed = f", {float(failures.group(1)):.0f} failed refreshes" if failures else ""
+    if blind is None:
+        return "no scheduler_gpuscore_metrics_blind metric"
+    return ("blind" if float(blind.group(1)) else "metrics in use") + failed
+
+
+def run_mode(plane, core, mode: str, run: int, args, workdir: Path, urls: dict, hot: set[str]) -> tuple[float, int]:
+    """(pods/s, pods bound to hot nodes) of one run of `mode`."""
+    namespace = f"bench-{mode}-{run}"
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
     # The default ServiceAccount is created by the controller-manager, which does not run here.
     core.create_namespaced_service_account(namespace, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name="default")))
-    create_pods(core, namespace, [gpu_pod(f"p{i}", f"bench-{mode}", {MIG_RESOURCE: "1"}) for i in range(pods)])
+    pods = args.pods
+    create_pods(core, namespace, [gpu_pod(f"p{i}", f"bench-{mode}", {POD_RESOURCE: "1"}) for i in range(pods)])
     bindings = BindingWatch(core, namespace)
-    config, binary = scheduler_config(mode, workdir, urls.get("extender"), urls.get("prometheus"))
-    name = plane.start_scheduler(config, binary=binary, name=f"scheduler-{mode}")
+    config, binary = scheduler_config(mode, workdir, urls, args.prometheus_timeout)
+    name = f"scheduler-{mode}-{run}"
+    extra = OPEN_METRICS if mode == "plugin" else ()
+    name = plane.start_scheduler(config, binary=binary, name=name, extra_args=extra)
     started = time.monotonic()
     complete = bindings.wait(pods, timeout=max(120, pods))
+    signal = ""
+    if mode == "extender":
+        signal = extender_blindness(urls["extender"])
+    elif mode == "plugin":
+        signal = plugin_blindness(plane.ports[name])
     plane.stop_component(name)
     bindings.stop()
     rate = bindings.rate()
     spent = time.monotonic() - started
-    print(f"  {mode:9s} {len(bindings.bound):>5}/{pods} pods bound, {rate:7.1f} pods/s ({spent:.1f} s from start)")
+    on_hot = sum(1 for node, _ in bindings.bound.values() if node in hot)
+    print(
+        f"  {mode:9s} {len(bindings.bound):>5}/{pods} pods bound, {rate:7.1f} pods/s ({spent:.1f} s from start), "
+        f"{on_hot} on hot nodes{'; ' + signal if signal else ''}; load average {os.getloadavg()[0]:.1f}"
+    )
     if not complete:
         print(f"  {mode:9s} did not bind every pod: see {plane.workdir / (name + '.log')}")
     core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-    return rate
+    return rate, on_hot
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=1000)
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: bare, extender, plugin")
+    parser.add_argument("--modes", default="bare,extender,plugin,bare", help="comma-separated: bare, extender, plugin")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--prometheus-timeout", type=float, default=None, help="seconds (default: the roles' default, 2)"
+    )
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
@@ -130,53 +179,65 @@ def main() -> int:
         return 0
     if "plugin" in modes and missing_assets(("gpufleet-scheduler",)):
         print(f"bench-scheduler: no gpufleet-scheduler in {assets_dir()}: the plugin mode is left out.")
-        modes.remove("plugin")
+        modes = [m for m in modes if m != "plugin"]
+    if {"extender", "plugin"} & set(modes) and not Path("/usr/bin/prometheus").exists():
+        print("bench-scheduler: no Prometheus (Debian package 'prometheus'): the load-aware modes are left out.")
+        modes = [m for m in modes if m == "bare"]
 
-    rng = random.Random(args.seed)
+    fleet = make_fleet(args.nodes, hot_every=10, seed=args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-scheduler-"))
-    print(f"bench-scheduler: {args.nodes} nodes x {INSTANCES_PER_NODE} {MIG_RESOURCE}, {args.pods} pods per mode")
+    print(
+        f"bench-scheduler: {args.nodes} nodes (Hong Kong layouts, {len(fleet.hot)} hot), {fleet.series} exporter "
+        f"series, {args.pods} pods of {POD_RESOURCE} per mode; load average {os.getloadavg()[0]:.1f}"
+    )
+    rates: dict[str, list[float]] = {}
+    blind: dict[str, int] = {}
     with ControlPlane(workdir / "controlplane") as plane:
         api = k8s_config.new_client_from_config(config_file=str(plane.kubeconfig))
         core = k8s.CoreV1Api(api)
-        names = [f"node-{i:05d}" for i in range(args.nodes)]
         began = time.monotonic()
-        create_nodes(core, names, {MIG_RESOURCE: str(INSTANCES_PER_NODE)})
+        for pool in LAYOUTS:
+            create_nodes(core, [n for n in fleet.nodes if fleet.pools[n] == pool], pool_resources(pool))
         print(f"  {args.nodes} nodes registered in {time.monotonic() - began:.1f} s")
-        loads = {name: [round(rng.uniform(0.0, 0.9), 3) for _ in range(INSTANCES_PER_NODE)] for name in names}
-        metrics = write_mig_metrics(workdir / "dcgm.prom", loads)
 
-        extender = url = None
-        prometheus = MetricsEndpoint(metrics, workdir) if "plugin" in modes else None
-        if prometheus and not Path(prometheus.prometheus_binary).exists():
-            print("bench-scheduler: no Prometheus (Debian package 'prometheus') for the plugin: plugin mode left out.")
-            modes.remove("plugin")
-            prometheus = None
-        if "extender" in modes:
-            env = {
-                "METRICS_SOURCE": "file",
-                "METRICS_FILE": str(metrics),
-                "KUBE_API": "kubeconfig",  # production mode: in-flight accounting and tenant pools from the API
-                "KUBECONFIG": str(plane.kubeconfig),
-            }
-            extender, url = start_extender(workdir, env)
-        try:
-            prometheus_url = prometheus.__enter__() if prometheus else None
-            rates = {}
-            for mode in modes:
-                before = handler_times(url) if mode == "extender" else {}
-                urls = {"extender": url, "prometheus": prometheus_url}
-                rates[mode] = run_mode(plane, core, mode, args.pods, workdir, urls)
-                if mode == "extender":
-                    print_handler_times(before, handler_times(url))
-        finally:
-            if extender:
-                stop_process(extender)
-            if prometheus:
-                prometheus.__exit__()
-    if rates.get("bare"):
-        for mode in ("extender", "plugin"):
-            if rates.get(mode):
-                print(f"  ratio {mode} / bare: {rates[mode] / rates['bare']:.2f}")
+        extender = None
+        urls: dict[str, str | None] = {"extender": None, "prometheus": None}
+        # Scraped every 10 s: with the roles' 30 s METRICS_MAX_AGE_SECONDS, a 30 s interval plus a slow refresh
+        # would age the data out between scrapes (blind for the benchmark's sake, not the paths').
+        scraping = FleetPrometheus(fleet, workdir, interval=10) if set(modes) - {"bare"} else contextlib.nullcontext()
+        with scraping as prometheus_url:
+            urls["prometheus"] = prometheus_url
+            try:
+                if "extender" in modes:
+                    env = {
+                        "METRICS_SOURCE": "prometheus",
+                        "PROMETHEUS_URL": prometheus_url,
+                        "EXPORTER_JOB": "dcgm-exporter",  # pinned as the gpu_extender role pins them
+                        "EXPORTER_NAMESPACE": EXPORTER_NAMESPACE,
+                        "KUBE_API": "kubeconfig",  # production mode: in-flight accounting and tenant pools
+                        "KUBECONFIG": str(plane.kubeconfig),
+                    }
+                    if args.prometheus_timeout is not None:
+                        env["PROMETHEUS_TIMEOUT_SECONDS"] = str(args.prometheus_timeout)
+                    extender, urls["extender"] = start_extender(workdir, env)
+                for run, mode in enumerate(modes):
+                    before = handler_times(urls["extender"]) if mode == "extender" else {}
+                    rate, on_hot = run_mode(plane, core, mode, run, args, workdir, urls, fleet.hot)
+                    rates.setdefault(mode, []).append(rate)
+                    blind[mode] = blind.get(mode, 0) + on_hot
+                    if mode == "extender":
+                        print_handler_times(before, handler_times(urls["extender"]))
+            finally:
+                if extender:
+                    stop_process(extender)
+    bare = statistics.mean(rates["bare"]) if rates.get("bare") else 0.0
+    for mode in ("extender", "plugin"):
+        if mode not in rates:
+            continue
+        if blind[mode]:
+            print(f"  {mode}: BLIND ({blind[mode]} pods on hot nodes): its throughput does not count")
+        elif bare:
+            print(f"  ratio {mode} / bare: {statistics.mean(rates[mode]) / bare:.2f} (0 pods on hot nodes)")
     return 0
 
 

@@ -321,10 +321,16 @@ class ControlPlane:
         self._wait("kube-controller-manager", lambda: self._https_healthz(port))
 
     def start_scheduler(
-        self, config: dict | None = None, *, binary: str = "kube-scheduler", name: str | None = None
+        self,
+        config: dict | None = None,
+        *,
+        binary: str = "kube-scheduler",
+        name: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> str:
         """A scheduler (kube-scheduler, or gpufleet-scheduler with the GPUScore plugin) with `config`, a
-        KubeSchedulerConfiguration (the default profile when None), run as component `name` (default: binary)."""
+        KubeSchedulerConfiguration (the default profile when None), run as component `name` (default: binary);
+        `extra_args` are added to its command line. Its port: `ports[name]`."""
         name = name or binary
         config = dict(config or {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"})
         connection = dict(config.get("clientConnection") or {})
@@ -346,6 +352,7 @@ class ControlPlane:
                 f"--authentication-kubeconfig={self.kubeconfig}",
                 f"--authorization-kubeconfig={self.kubeconfig}",
                 "-v=1",
+                *extra_args,
             ],
             binary=binary,
         )

@@ -159,6 +159,52 @@ def test_readyz_503_while_metrics_are_stale_and_policy_denies(tmp_path):
         assert allow.get("/readyz").status_code == 200
 
 
+def test_blindness_shows_on_readyz_the_gauge_and_the_log_when_the_data_ages_out(tmp_path, caplog):
+    path = write_metrics(tmp_path / "dcgm.prom", FLEET)
+    with TestClient(create_app(file_settings(path, METRICS_REFRESH_SECONDS=0.05))) as client:
+        fresh = client.get("/readyz").json()
+        assert fresh["metrics_blind"] is False and fresh["metrics_blind_reason"] is None
+        assert "gpufleet_extender_metrics_blind 0.0" in client.get("/metrics").text
+        # The exporter stops writing: the same file, 40 s old against a maximum of 30 s (the case).
+        old = time.time() - 40
+        with caplog.at_level("WARNING", logger="gpufleet_extender.service"):
+            os.utime(path, (old, old))
+            deadline = time.monotonic() + 10
+            while not client.get("/readyz").json()["metrics_blind"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            ready = client.get("/readyz")
+            time.sleep(0.3)  # more refreshes: the state lasts, so no second line until BLIND_WARN_EVERY_SECONDS
+        # ON_MISSING_METRICS=allow still answers (a 503 would take the extender out of its Service) but says so.
+        assert ready.status_code == 200 and ready.json()["metrics_blind"] is True
+        assert "newest GPU sample is 40s old (METRICS_MAX_AGE_SECONDS 30)" in ready.json()["metrics_blind_reason"]
+        assert "gpufleet_extender_metrics_blind 1.0" in client.get("/metrics").text
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "GPU" in r.getMessage()]
+        assert len(warnings) == 1 and "decisions use no GPU metrics (ON_MISSING_METRICS=allow)" in warnings[0]
+        # ... and the filter passes the hot node it refused before, as the policy says: which is why it is shown.
+        result = client.post("/filter", json=names_args(GPU_POD, ["hk-gpu-02"])).json()
+        assert result["NodeNames"] == ["hk-gpu-02"]
+
+
+def test_blindness_log_repeats_while_it_lasts_and_says_when_it_ends(caplog):
+    from gpufleet_extender.service import BLIND_WARN_EVERY_SECONDS, BlindnessLog
+
+    now = [0.0]
+    blindness = BlindnessLog(clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="gpufleet_extender.service"):
+        for step in (0.0, 1.0, BLIND_WARN_EVERY_SECONDS - 1, BLIND_WARN_EVERY_SECONDS + 0.5):
+            now[0] = step
+            blindness.observe("no GPU metrics loaded", "allow")
+        now[0] += 1
+        blindness.observe(None, "allow")
+        blindness.observe(None, "allow")
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert lines == [
+        "decisions use no GPU metrics (ON_MISSING_METRICS=allow): no GPU metrics loaded",
+        "decisions use no GPU metrics (ON_MISSING_METRICS=allow): no GPU metrics loaded",
+        "decisions use GPU metrics again",
+    ]
+
+
 def test_readyz_503_while_the_kubernetes_api_refuses_a_watch(metrics_file, monkeypatch):
     message = '403 Forbidden: pods is forbidden: User "system:serviceaccount:x:y" cannot watch resource "pods"'
 
@@ -192,6 +238,8 @@ def test_readyz_503_when_the_source_never_answered(tmp_path):
         assert ready.status_code == 503
         assert "cannot stat METRICS_FILE" in ready.json()["metrics_source_error"]
         assert 'gpufleet_extender_metrics_source_errors_total{source="file"}' in deny.get("/metrics").text
+        assert ready.json()["metrics_blind"] is True
+        assert ready.json()["metrics_blind_reason"].startswith("no GPU metrics loaded; last refresh: cannot stat")
 
 
 def test_tenant_pools_full_form_with_namespace_labels_from_the_cluster(metrics_file):

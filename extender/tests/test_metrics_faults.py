@@ -54,7 +54,7 @@ class FakePrometheus:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 query = self.path
-                times_query = "max+by" in query or "max%20by" in query
+                times_query = "timestamp" in query
                 if not times_query:
                     fake.hits += 1
                 if fake.mode == "slow":

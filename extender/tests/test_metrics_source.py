@@ -66,7 +66,7 @@ def test_refresher_keeps_the_last_snapshot_and_counts_errors(tmp_path):
 def prometheus_answers(series, times, status=200):
     def handler(request: httpx.Request) -> httpx.Response:
         query = request.url.params["query"]
-        result = times if query.startswith("max by") else series
+        result = times if "timestamp(" in query else series
         return httpx.Response(status, json={"status": "success", "data": {"resultType": "vector", "result": result}})
 
     return httpx.MockTransport(handler)
@@ -134,7 +134,8 @@ def test_prometheus_queries_name_the_configured_host_labels():
     # Both queries go out together (gather), so either may arrive first.
     assert sorted(seen) == sorted(
         [
-            '{__name__=~"' + "|".join(metrics) + '"}',
+            "max by (__name__, node, Hostname, gpu, UUID, GPU_I_ID, GPU_I_PROFILE, pod, namespace, exported_pod, "
+            'exported_namespace) ({__name__=~"' + "|".join(metrics) + '"})',
             " or ".join(f"max by (node, Hostname) (timestamp({m}))" for m in metrics),
         ]
     )
@@ -147,7 +148,7 @@ def test_prometheus_queries_name_the_configured_host_labels():
     )
     run(pinned.fetch(1))
     assert matchers == 'job="dcgm-exporter",namespace="node-\\"agents\\""'  # label values escaped
-    assert all(q.count(matchers) == (1 if q.startswith("{") else 4) for q in seen), seen
+    assert all(q.count(matchers) == (4 if "timestamp(" in q else 1) for q in seen), seen
     assert exporter_matchers() == "" and exporter_matchers(namespace="n") == 'namespace="n"'
 
 

@@ -14,7 +14,7 @@ func TestQueriesArePinnedToTheExportersJobAndNamespace(t *testing.T) {
 		t.Fatalf("matchers: %s", matchers)
 	}
 	source := NewPrometheusSource("http://p.invalid", []string{"Hostname"}, time.Second, 5, matchers)
-	if !strings.HasSuffix(source.seriesQuery, `",`+matchers+`}`) {
+	if !strings.HasSuffix(source.seriesQuery, `",`+matchers+`})`) {
 		t.Errorf("series query not pinned: %s", source.seriesQuery)
 	}
 	if strings.Count(source.timesQuery, "{"+matchers+"}") != len(DCGMMetrics) {
@@ -25,5 +25,18 @@ func TestQueriesArePinnedToTheExportersJobAndNamespace(t *testing.T) {
 	}
 	if open := NewPrometheusSource("http://p.invalid", []string{"Hostname"}, time.Second, 5, ""); strings.Contains(open.timesQuery, "{") {
 		t.Errorf("unpinned times query: %s", open.timesQuery)
+	}
+}
+
+// The queries are the extender's, word for word (extender/tests/test_metrics_source.py asserts the same text).
+func TestQueriesAreTheExtenders(t *testing.T) {
+	series, times := PrometheusQueries([]string{"node", "Hostname"}, "")
+	want := `max by (__name__, node, Hostname, gpu, UUID, GPU_I_ID, GPU_I_PROFILE, pod, namespace, exported_pod, ` +
+		`exported_namespace) ({__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_GR_ENGINE_ACTIVE|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE"})`
+	if series != want {
+		t.Errorf("series query:\n got %s\nwant %s", series, want)
+	}
+	if !strings.HasPrefix(times, "max by (node, Hostname) (timestamp(DCGM_FI_DEV_GPU_UTIL)) or ") {
+		t.Errorf("times query: %s", times)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 )
@@ -39,6 +40,7 @@ type GPUScore struct {
 	metrics    *Refresher
 	inflight   *Inflight
 	namespaces corelisters.NamespaceLister // nil with tenantPools off
+	recorder   events.EventRecorder        // nil without a framework handle (unit tests)
 	clock      func() float64
 }
 
@@ -60,8 +62,10 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds),
 		args.MetricsMaxClockSkewSeconds, ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
 	plugin := newPlugin(args, source)
+	RegisterMetrics()
 	if handle != nil {
 		plugin.watch(handle)
+		plugin.recorder = handle.EventRecorder()
 	}
 	// One poll before the first pod, as the extender does before serving; then the background loop.
 	plugin.metrics.RefreshOnce(ctx)
@@ -133,6 +137,11 @@ func (g *GPUScore) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.
 	}
 	view := g.metrics.View()
 	now := g.clock()
+	if reason := g.metrics.BlindReason(); reason != "" && g.recorder != nil && g.metrics.blind.eventDue(now) {
+		// Where operators look first: the pod. One event per blindWarnEvery, not one per pod.
+		g.recorder.Eventf(pod, nil, v1.EventTypeWarning, EventReasonBlind, "Scheduling",
+			"GPUScore places GPU pods without GPU metrics (onMissingMetrics %s): %s", g.policy.missingPolicyName(), reason)
+	}
 	data := &cycleState{
 		request:   request,
 		view:      view,

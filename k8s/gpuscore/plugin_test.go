@@ -343,7 +343,8 @@ func TestPrometheusSourceQueriesAndParses(t *testing.T) {
 	if got := snapshot.Nodes["n2"]; got == nil || got.Devices[WholeGPUResource][0].Util != 0.4 {
 		t.Errorf("whole-GPU node: %+v", got)
 	}
-	series := `{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_GR_ENGINE_ACTIVE|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE"}`
+	series := `max by (__name__, Hostname, hostname, gpu, UUID, GPU_I_ID, GPU_I_PROFILE, pod, namespace, exported_pod, ` +
+		`exported_namespace) ({__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_GR_ENGINE_ACTIVE|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE"})`
 	times := "max by (Hostname, hostname) (timestamp(DCGM_FI_DEV_GPU_UTIL)) or " +
 		"max by (Hostname, hostname) (timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE)) or " +
 		"max by (Hostname, hostname) (timestamp(DCGM_FI_DEV_FB_USED)) or " +

@@ -50,25 +50,39 @@ func ExporterMatchers(job, namespace string) string {
 // clock a node's samples may be dated before the node counts as without metrics; matchers (ExporterMatchers)
 // keep out series of the same names from other scrape jobs.
 func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Duration, maxSkew float64, matchers string) *PrometheusSource {
-	parts := make([]string, len(DCGMMetrics))
-	by := strings.Join(nodeLabels, ", ")
-	selector, pinned := "", ""
-	if matchers != "" {
-		selector, pinned = "{"+matchers+"}", ","+matchers
-	}
-	for i, metric := range DCGMMetrics {
-		// timestamp() drops the metric name: one max-by per metric joined with `or` keeps label sets unique.
-		parts[i] = fmt.Sprintf("max by (%s) (timestamp(%s%s))", by, metric, selector)
-	}
+	series, times := PrometheusQueries(nodeLabels, matchers)
 	return &PrometheusSource{
 		baseURL:     strings.TrimRight(baseURL, "/"),
 		client:      &http.Client{},
 		timeout:     timeout,
 		maxSkew:     maxSkew,
 		nodeLabels:  nodeLabels,
-		seriesQuery: `{__name__=~"` + strings.Join(DCGMMetrics, "|") + `"` + pinned + `}`,
-		timesQuery:  strings.Join(parts, " or "),
+		seriesQuery: series,
+		timesQuery:  times,
 	}
+}
+
+// DecisionLabels are the labels a decision reads besides the node's (BuildSnapshot), as the extender's
+// metrics_source.DECISION_LABELS.
+var DecisionLabels = []string{"gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "pod", "namespace", "exported_pod", "exported_namespace"}
+
+// PrometheusQueries is metrics_source.prometheus_queries: the series aggregated by the labels decisions read
+// (Prometheus drops the rest before encoding its answer; series two exporters disagree on fold into their
+// maximum), and the newest sample time per node. timestamp() drops the metric name: one max-by per metric
+// joined with `or` keeps label sets unique.
+func PrometheusQueries(nodeLabels []string, matchers string) (series, times string) {
+	selector, pinned := "", ""
+	if matchers != "" {
+		selector, pinned = "{"+matchers+"}", ","+matchers
+	}
+	keep := strings.Join(append(append([]string{"__name__"}, nodeLabels...), DecisionLabels...), ", ")
+	series = fmt.Sprintf(`max by (%s) ({__name__=~"%s"%s})`, keep, strings.Join(DCGMMetrics, "|"), pinned)
+	parts := make([]string, len(DCGMMetrics))
+	by := strings.Join(nodeLabels, ", ")
+	for i, metric := range DCGMMetrics {
+		parts[i] = fmt.Sprintf("max by (%s) (timestamp(%s%s))", by, metric, selector)
+	}
+	return series, strings.Join(parts, " or ")
 }
 
 // promSample is one element of an instant vector: {"metric": {...}, "value": [<time>, "<value>"]}.
@@ -253,6 +267,7 @@ type Refresher struct {
 	current  atomic.Pointer[View]
 
 	lastError string
+	blind     blindness
 }
 
 func NewRefresher(source Source, every time.Duration, policy Policy) *Refresher {
@@ -267,13 +282,24 @@ func NewRefresher(source Source, every time.Duration, policy Policy) *Refresher 
 // View is the current view; never nil.
 func (r *Refresher) View() *View { return r.current.Load() }
 
-// RefreshOnce polls the source once; errors are logged when they change, never returned to the scheduler.
+// RefreshOnce polls the source once, then records whether decisions are blind (blindness.go); errors are
+// logged at WARNING when they change, never returned to the scheduler.
 func (r *Refresher) RefreshOnce(ctx context.Context) bool {
+	answered := r.refresh(ctx)
+	r.blind.observe(BlindReason(r.View().Snapshot, &r.policy, nowSeconds(), r.lastError), r.policy.missingPolicyName(), nowSeconds())
+	return answered
+}
+
+// BlindReason is why decisions use no metrics as of the last refresh ("" while they use some).
+func (r *Refresher) BlindReason() string { return r.blind.current() }
+
+func (r *Refresher) refresh(ctx context.Context) bool {
 	logger := klog.FromContext(ctx)
 	snapshot, err := r.source.Fetch(ctx, r.View().Snapshot.Version+1)
 	if err != nil {
+		refreshFailures.Inc()
 		if err.Error() != r.lastError {
-			logger.Info("GPUScore: metrics source failed; decisions use the previous snapshot until it ages out", "err", err)
+			klog.Warningf("GPUScore: metrics source failed; decisions use the previous snapshot until it ages out: %v", err)
 		}
 		r.lastError = err.Error()
 		return false

@@ -26,7 +26,7 @@ from gpufleet_extender.metrics_source import (
     exporter_matchers,
 )
 from gpufleet_extender.routers import health, scheduler
-from gpufleet_extender.service import Extender
+from gpufleet_extender.service import BlindnessLog, Extender
 from gpufleet_extender.snapshot import MetricsSnapshot
 from gpufleet_extender.telemetry import Telemetry
 
@@ -113,10 +113,19 @@ def create_app(
             source_warnings=lambda: refresher.warnings,
             loading=lambda: not refresher.first_attempt.is_set(),
         )
-        telemetry.bind_live_values(extender.metrics_age, lambda: extender.ready() and not refused())
+        telemetry.bind_live_values(
+            extender.metrics_age,
+            lambda: extender.ready() and not refused(),
+            lambda: extender.blind_reason() is not None,
+        )
         app.state.extender = extender
         extenders.append(extender)
-        task = asyncio.create_task(refresher.run(), name="metrics-refresher")
+        blindness = BlindnessLog()
+
+        def watch_blindness() -> None:
+            blindness.observe(extender.blind_reason(), extender.policy.missing_policy_name)
+
+        task = asyncio.create_task(refresher.run(after=watch_blindness), name="metrics-refresher")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(refresher.first_attempt.wait(), FIRST_SNAPSHOT_WAIT_SECONDS)
         try:

@@ -34,6 +34,7 @@ from types import MappingProxyType
 from typing import Any, Protocol, cast
 
 import httpx
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet_extender.errors import ExtenderError
@@ -279,6 +280,49 @@ def exporter_matchers(job: str = "", namespace: str = "") -> str:
     return ",".join(f"{label}={json.dumps(value)}" for label, value in pinned.items() if value)
 
 
+# The labels a decision reads besides the node's (snapshot.build_snapshot): the device, its MIG instance and
+# profile, and the pod a time-sliced device serves (exported_*: Prometheus renames the exporter's own when they
+# clash with target labels).
+DECISION_LABELS = ("gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "pod", "namespace", "exported_pod", "exported_namespace")
+
+
+def prometheus_queries(node_labels: Iterable[str], matchers: str = "") -> tuple[str, str]:
+    """(series query, sample-time query) of a refresh.
+
+    The series come aggregated by the labels decisions read (``max by``), so Prometheus drops the exporter's
+    other labels (PCI bus, model, driver, container, its own job and instance) before encoding the answer: a
+    third less JSON at 1,000 nodes, and series only two exporters disagree on fold into their maximum (the
+    hotter reading) instead of arriving twice. `matchers` (exporter_matchers) keep out series of the same names
+    from any other scrape job. timestamp() drops the metric name, so one timestamp() over all four metrics would
+    produce duplicate label sets (Prometheus refuses); one per metric, joined with `or`, does not.
+    """
+    node_labels = tuple(node_labels)
+    names = '__name__=~"' + "|".join(DCGM_METRICS) + '"'
+    keep = ", ".join(("__name__", *node_labels, *DECISION_LABELS))
+    series = f"max by ({keep}) ({{{names}{',' + matchers if matchers else ''}}})"
+    selector = "{" + matchers + "}" if matchers else ""
+    by = ", ".join(node_labels)
+    times = " or ".join(f"max by ({by}) (timestamp({metric}{selector}))" for metric in DCGM_METRICS)
+    return series, times
+
+
+def decode_vector(status: int, content: bytes) -> list[dict[str, Any]]:
+    """The vector of an instant query's answer (raises MetricsSourceError). Runs in the refresh's thread: tens of
+    megabytes of JSON at thousands of nodes would hold the event loop, and every request with it, for seconds."""
+    try:
+        payload = msgspec.json.decode(content)
+    except msgspec.DecodeError:
+        raise MetricsSourceError(f"Prometheus answered HTTP {status} without JSON") from None
+    if not isinstance(payload, dict):
+        raise MetricsSourceError(f"Prometheus answered HTTP {status} without a JSON object")
+    if status != 200 or payload.get("status") != "success":
+        raise MetricsSourceError(f"Prometheus query failed (HTTP {status}): {payload.get('error')}")
+    data = payload.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise MetricsSourceError(f"Prometheus returned {data.get('resultType')!r}, expected a vector")
+    return cast("list[dict[str, Any]]", data.get("result") or [])
+
+
 class PrometheusSource:
     name = "prometheus"
 
@@ -300,32 +344,18 @@ class PrometheusSource:
         self._clock = clock
         self._max_skew = max_skew
         self.report: FetchReport | None = None
-        # `matchers` (exporter_matchers) keep out series of the same names from any other scrape job.
-        self._series_query = '{__name__=~"' + "|".join(DCGM_METRICS) + '"' + ("," + matchers if matchers else "") + "}"
-        selector = "{" + matchers + "}" if matchers else ""
-        # timestamp() drops the metric name, so one timestamp() over all four metrics would produce duplicate
-        # label sets (Prometheus refuses); one per metric, joined with `or`, does not.
-        by = ", ".join(node_labels)
-        self._times_query = " or ".join(f"max by ({by}) (timestamp({metric}{selector}))" for metric in DCGM_METRICS)
+        self._series_query, self._times_query = prometheus_queries(node_labels, matchers)
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _query(self, promql: str) -> list[dict[str, Any]]:
+    async def _query(self, promql: str) -> tuple[int, bytes]:
+        """The HTTP status and body of one instant query (decoded later, off the event loop: decode_vector)."""
         try:
             response = await self._client.get("/api/v1/query", params={"query": promql})
         except httpx.HTTPError as exc:
             raise MetricsSourceError(f"Prometheus unreachable: {exc.__class__.__name__}: {exc}") from None
-        try:
-            payload = response.json()
-        except ValueError:
-            raise MetricsSourceError(f"Prometheus answered HTTP {response.status_code} without JSON") from None
-        if response.status_code != 200 or payload.get("status") != "success":
-            raise MetricsSourceError(f"Prometheus query failed (HTTP {response.status_code}): {payload.get('error')}")
-        data = payload.get("data") or {}
-        if data.get("resultType") != "vector":
-            raise MetricsSourceError(f"Prometheus returned {data.get('resultType')!r}, expected a vector")
-        return data.get("result") or []
+        return response.status_code, response.content
 
     async def fetch(self, version: int) -> MetricsSnapshot:
         queried_at = self._clock()
@@ -336,8 +366,13 @@ class PrometheusSource:
             raise MetricsSourceError(
                 f"Prometheus did not answer both queries within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)"
             ) from None
-        snapshot, self.report = await asyncio.to_thread(self._build, series, times, queried_at, version)
+        snapshot, self.report = await asyncio.to_thread(self._decode_and_build, series, times, queried_at, version)
         return snapshot
+
+    def _decode_and_build(
+        self, series: tuple[int, bytes], times: tuple[int, bytes], queried_at: float, version: int
+    ) -> tuple[MetricsSnapshot, FetchReport]:
+        return self._build(decode_vector(*series), decode_vector(*times), queried_at, version)
 
     def _build(
         self, series: list[dict[str, Any]], times: list[dict[str, Any]], queried_at: float, version: int
@@ -445,7 +480,9 @@ class SnapshotRefresher:
         self.last_error = message
         self._on_error(self.source.name)
 
-    async def run(self) -> None:
+    async def run(self, after: Callable[[], None] = lambda: None) -> None:
+        """Refresh every METRICS_REFRESH_SECONDS; ``after`` runs after each refresh (the app checks blindness)."""
         while True:
             await self.refresh_once()
+            after()
             await asyncio.sleep(self._refresh_seconds)

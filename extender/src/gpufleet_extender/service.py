@@ -237,6 +237,28 @@ def _still_true(table: DecisionTable, epoch: int, basis: AnswerBasis) -> bool:
     return True
 
 
+BLIND_WARN_EVERY_SECONDS = 60.0  # a lasting blindness is logged again this often
+
+
+class BlindnessLog:
+    """Logs at WARNING each change of ``Extender.blind_reason()`` and every BLIND_WARN_EVERY_SECONDS while decisions
+    stay blind: an error logged once when the source broke is not enough when the data ages out minutes later."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._blind = False
+        self._warned = -math.inf
+
+    def observe(self, reason: str | None, missing_policy: str) -> None:
+        now = self._clock()
+        if reason is not None and (not self._blind or now - self._warned >= BLIND_WARN_EVERY_SECONDS):
+            log.warning("decisions use no GPU metrics (ON_MISSING_METRICS=%s): %s", missing_policy, reason)
+            self._warned = now
+        elif reason is None and self._blind:
+            log.warning("decisions use GPU metrics again")
+        self._blind = reason is not None
+
+
 class Extender:
     """Answers kube-scheduler's verbs from the current snapshot, cluster state and settings.
 
@@ -591,6 +613,21 @@ class Extender:
 
     def metrics_age(self) -> float:
         return self._snapshot().age(self._clock())
+
+    def blind_reason(self) -> str | None:
+        """Why decisions use no GPU metrics now (None while they use some): nothing loaded yet, or the newest sample
+        older than METRICS_MAX_AGE_SECONDS. Meanwhile ON_MISSING_METRICS decides for every node: allow places like a
+        scheduler without the extender, deny places no GPU pod."""
+        snapshot = self._snapshot()
+        if not snapshot.nodes:
+            reason = "no GPU metrics loaded"
+        else:
+            age, max_age = snapshot.age(self._clock()), self.policy.max_age_seconds
+            if max_age == 0 or age <= max_age:
+                return None
+            reason = f"the newest GPU sample is {age:.0f}s old (METRICS_MAX_AGE_SECONDS {max_age:g})"
+        error = self.source_error()
+        return f"{reason}; last refresh: {error}" if error else reason
 
     def ready(self) -> bool:
         """Ready once the first snapshot is in, while its newest sample is fresh or the policy lets nodes without

@@ -66,6 +66,11 @@ class Telemetry:
             "1 while /readyz answers 200 (fresh metrics or ON_MISSING_METRICS=allow, and no watch refused).",
             registry=self.registry,
         )
+        self.metrics_blind = Gauge(
+            "gpufleet_extender_metrics_blind",
+            "1 while decisions use no GPU metrics (none loaded, or all older than METRICS_MAX_AGE_SECONDS).",
+            registry=self.registry,
+        )
         self.kube_api_errors = Counter(
             "gpufleet_extender_kube_api_errors_total",
             "Failed lists and watches of the Kubernetes API, per kind and HTTP status (error: no HTTP answer).",
@@ -115,7 +120,10 @@ class Telemetry:
             child = self._request_children[verb] = self.request_seconds.labels(verb)
         child.observe(seconds)
 
-    def bind_live_values(self, metrics_age: Callable[[], float], ready: Callable[[], bool]) -> None:
+    def bind_live_values(
+        self, metrics_age: Callable[[], float], ready: Callable[[], bool], blind: Callable[[], bool] = lambda: False
+    ) -> None:
         """Gauges computed when scraped, so they are right even while nothing else happens."""
         self.metrics_age.set_function(metrics_age)
         self.metrics_ready.set_function(lambda: 1.0 if ready() else 0.0)
+        self.metrics_blind.set_function(lambda: 1.0 if blind() else 0.0)

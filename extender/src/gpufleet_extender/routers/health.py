@@ -1,7 +1,8 @@
 """GET /healthz (the process serves), /readyz (decisions can be trusted), /metrics (prometheus-client).
 
 /readyz is 503 while metrics are required and missing (ON_MISSING_METRICS=deny), or while the Kubernetes API refuses
-a list or watch the extender needs (``kube_api_errors``: kind -> the API's message).
+a list or watch the extender needs (``kube_api_errors``: kind -> the API's message). ``metrics_blind`` is true while
+decisions use no GPU metrics at all (none loaded, or all older than METRICS_MAX_AGE_SECONDS), whatever the policy.
 """
 
 from __future__ import annotations
@@ -26,12 +27,17 @@ router.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
 @router.get("/readyz")
 async def readyz(extender: ExtenderDep, request: Request) -> JSONResponse:
     age = extender.metrics_age()
+    blind = extender.blind_reason()
     # Lists/watches the Kubernetes API refuses (missing RBAC): decisions would ignore what they feed.
     refused: dict[str, str] = getattr(request.app.state, "kube_api_refused", dict)()
     body = {
         "ready": extender.ready() and not refused,
         "loading": extender.loading(),
         "metrics_age_seconds": None if age == float("inf") else round(age, 3),
+        # Decisions use no metrics at all: under ON_MISSING_METRICS=allow the extender still answers (ready), but
+        # places like a scheduler without it. Not a 503: that would take the extender out of its Service.
+        "metrics_blind": blind is not None,
+        "metrics_blind_reason": blind,
         "on_missing_metrics": extender.policy.missing_policy_name,
         "metrics_source": extender.settings.METRICS_SOURCE.value,
         "metrics_source_error": extender.source_error(),
