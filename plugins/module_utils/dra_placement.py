@@ -140,7 +140,7 @@ def vectors() -> dict[str, object]:
     `python tools/dra_vectors.py`; the Python tests regenerate it and compare."""
     rows = [kind(row.name) for row in H100_80GB.profiles] + [kind(WHOLE_GPU)]
     occupancies: set[frozenset[int]] = {frozenset()}
-    frontier = [frozenset[int]()]
+    frontier: list[frozenset[int]] = [frozenset()]
     while frontier:  # every set of slices reachable by placing instances one by one
         current = frontier.pop()
         for want in rows:
