@@ -72,6 +72,11 @@ lab: venv collection-link
 	  ansible-playbook -i inventories/lab playbooks/mig-rebalance.yml -e gpufleet_lab_dir=$(CURDIR)/$(LAB_DIR)/rebalance \
 	  -e mig_rebalance_pool=tenant_finnlp -e '{"mig_rebalance_demand": {"3g.40gb": 4, "2g.20gb": 4}}' \
 	  -e mig_rebalance_report_file=$(CURDIR)/$(LAB_DIR)/rebalance/advice.txt
+	@# The DRA mode (docs/dra.md) rendered beside the default: the driver's release, the pools' DeviceClasses and
+	@# the tenants' ResourceClaimTemplates.
+	@ANSIBLE_STDOUT_CALLBACK=gpufleet.mig.phases \
+	  ansible-playbook -i inventories/lab playbooks/dra.yml -e gpufleet_gpu_allocation=dra \
+	  -e gpufleet_manifests_dir=$(CURDIR)/$(LAB_DIR)/manifests-dra
 	@# Would the load-aware extender place this fleet's pods better than counting GPUs? (docs/simulator.md)
 	@# The exclusive-device runs pin finnlp's 1g.10gb to one replica: the fleet their figures and goals were
 	@# measured on (the shipped inventory time-slices it x4, which sim-shared simulates).

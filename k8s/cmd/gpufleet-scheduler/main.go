@@ -1,5 +1,5 @@
 // gpufleet-scheduler is kube-scheduler with the GPUScore plugin compiled in: the same flags and the same
-// --config file, plus GPUScore as a plugin name the configuration may enable.
+// --config file, plus GPUScore and GPUClaimScore (DRA claims) as plugin names the configuration may enable.
 package main
 
 import (
@@ -15,6 +15,9 @@ import (
 )
 
 func main() {
-	command := app.NewSchedulerCommand(app.WithPlugin(gpuscore.Name, gpuscore.New))
+	command := app.NewSchedulerCommand(
+		app.WithPlugin(gpuscore.Name, gpuscore.New),
+		app.WithPlugin(gpuscore.ClaimScoreName, gpuscore.NewClaimScore),
+	)
 	os.Exit(cli.Run(command))
 }
