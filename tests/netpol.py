@@ -13,7 +13,8 @@ answers with the API's semantics (https://kubernetes.io/docs/concepts/services-n
 - a rule's ports: none = every port; a named port is the destination container's port of that name; endPort.
 
 Pods are `Endpoint`s: a namespace, labels, named container ports and an address (the evaluator assumes pod
-addresses lie in the cluster's ranges, which is what makes ipBlock rules with `except` meaningful).
+addresses lie in the cluster's ranges, which is what makes ipBlock rules with `except` meaningful); an Endpoint
+with pod=False is an address that is no pod (a node, the API server), which only ipBlock peers match.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Endpoint:
     ports: dict[str, int] = field(default_factory=dict, hash=False)  # container port name -> number
     ip: str = "10.244.0.10"
     name: str = ""
+    pod: bool = True  # False: a node or host-network address (the API server), which only ipBlock peers match
 
 
 def selector_matches(selector: dict | None, labels: dict[str, str]) -> bool:
@@ -90,6 +92,8 @@ class Cluster:
             if address not in ipaddress.ip_network(block["cidr"], strict=False):
                 return False
             return not any(address in ipaddress.ip_network(e, strict=False) for e in block.get("except") or [])
+        if not other.pod:
+            return False
         if other.namespace not in self.namespaces:
             raise ValueError(f"namespace {other.namespace} is unknown to the evaluator")
         if "namespaceSelector" in peer:

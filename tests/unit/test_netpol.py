@@ -131,6 +131,11 @@ def test_ip_blocks_with_exceptions():
     cluster = Cluster(NAMESPACES, [egress])
     assert cluster.egress_allows(WEB, Endpoint("other", ip="203.0.113.7"), 443)
     assert not cluster.egress_allows(WEB, SPY, 443)  # a pod address inside the excepted range
+    # An address that is no pod is matched by ipBlock peers only.
+    node = Endpoint("shop", ip="10.20.0.5", pod=False)
+    pods_of_shop = policy("shop", {"podSelector": {}, "egress": [{"to": [{"podSelector": {}}]}]})
+    assert not Cluster(NAMESPACES, [pods_of_shop]).egress_allows(WEB, node, 6443)
+    assert Cluster(NAMESPACES, [pods_of_shop]).egress_allows(WEB, DB, 5432)
 
 
 def test_an_unknown_namespace_or_operator_is_an_error_not_an_answer():
