@@ -146,6 +146,18 @@ class Pki:
     def file(self, name: str) -> str:
         return str(self.directory / name)
 
+    def issue_client(self, user: str, groups: tuple[str, ...] = ()) -> tuple[str, str]:
+        """A client certificate for `user` in `groups` (the apiserver reads CN as the user name and each O as a
+        group, as for any x509 user), signed by this CA; returns the certificate's and the key's paths."""
+        ca_key = serialization.load_pem_private_key((self.directory / "ca.key").read_bytes(), password=None)
+        ca_cert = x509.load_pem_x509_certificate(self.ca.read_bytes())
+        attributes = [x509.NameAttribute(NameOID.COMMON_NAME, user)]
+        attributes += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
+        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        stem = "user-" + user.replace("@", "-at-")
+        self._save(stem, *_issue(ca_key, ca_cert, x509.Name(attributes), client=True))
+        return self.file(f"{stem}.crt"), self.file(f"{stem}.key")
+
 
 def serving_files(directory: Path, stem: str, server_names: tuple[str, ...]) -> dict[str, Path]:
     """A CA of its own and a serving certificate it signed for `server_names`, as a kubernetes.io/tls Secret holds
@@ -235,6 +247,17 @@ class ControlPlane:
             "current-context": "admin@test",
         }
         self.kubeconfig.write_text(yaml.safe_dump(config))
+
+    def user_kubeconfig(self, user: str, groups: tuple[str, ...] = ()) -> Path:
+        """A kubeconfig authenticating as `user` in `groups` with a client certificate of this control plane's CA."""
+        cert, key = self.pki.issue_client(user, groups)
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        config["users"] = [{"name": user, "user": {"client-certificate": cert, "client-key": key}}]
+        config["contexts"] = [{"name": "user@test", "context": {"cluster": "test", "user": user}}]
+        config["current-context"] = "user@test"
+        path = self.workdir / f"user-{user.replace('@', '-at-')}.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        return path
 
     def start_etcd(self) -> None:
         client, peer = self.ports["etcd"], self.ports["etcd-peer"]

@@ -68,6 +68,15 @@ options:
     description: C(tenants_quota_allow_overcommit).
     type: bool
     default: false
+  namespace_quota:
+    description: C(tenants_namespace_quota), the object-count and CPU/memory quota of every tenant namespace (a
+      ResourceQuota C(hard) mapping); a tenant's C(namespace_quota) is merged over it.
+    type: dict
+    default: {}
+  access_group_prefix:
+    description: A tenant without C(access) is bound to the group C(<prefix><tenant>) (C(tenants_access_group_prefix)).
+    type: str
+    default: "gpufleet:"
 """
 
 EXAMPLES = r"""
@@ -81,9 +90,14 @@ _value:
   description:
     - C(errors) inventory problems, one sentence each; C(resources) every GPU resource of the fleet
       (nvidia.com/gpu first, then the nvidia.com/mig-* sorted); C(tenants) tenant -> {group, hosts, namespaces,
-      priority_class, pod_security, description, sharing, device_plugin_config, capacity, quotas}, C(sharing)
+      priority_class, pod_security, description, sharing, device_plugin_config, capacity, quotas, access,
+      service_types, namespace_quota, dra_classes, dra_quotas}, C(sharing)
       resource -> replicas (>= 2 only), C(device_plugin_config) the name of the device plugin's config for the
-      pool's nodes or null, C(capacity) what the pool's nodes advertise (devices x replicas);
+      pool's nodes or null, C(capacity) what the pool's nodes advertise (devices x replicas); C(access)
+      {groups, users} bound to the tenant's Role; C(service_types) the Service types its namespaces may create;
+      C(namespace_quota) its object-count and CPU/memory quota; C(dra_classes) resource -> the DeviceClass of the
+      pool's devices of that kind (resources the pool has); C(dra_quotas) namespace -> DeviceClass -> devices, every
+      tenant's classes (another pool's are 0); C(dra_classes_fleet) every tenant's DeviceClasses;
       C(nodes) GPU node -> tenant or null.
   type: dict
 """
@@ -93,6 +107,10 @@ POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
 # A node label value (the device plugin's config name is one: nvidia.com/device-plugin.config=<name>).
 LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 SHARED_CONFIG_PREFIX = "time-sliced-"
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
+# A ResourceQuota key (pods, count/secrets, requests.cpu, ...) and a quantity (a count, 500m, 64Gi, 1e3).
+QUOTA_KEY = re.compile(r"[a-z0-9]([-a-z0-9./]*[a-z0-9])?")
+QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([eE][0-9]+|[numkMGTPE]|[KMGTPE]i)?")
 
 
 def _as_int(value) -> int:
@@ -153,8 +171,9 @@ def tenants_sharing(tenants) -> dict:
 
 
 class _Model:
-    def __init__(self, hostvars, groups, priority_classes, pod_security_level, allow_privileged):
+    def __init__(self, hostvars, groups, priority_classes, pod_security_level, allow_privileged, access_group_prefix):
         self.hostvars, self.groups = hostvars, groups
+        self.access_group_prefix = access_group_prefix
         self.priority_classes = list(priority_classes)
         self.pod_security_level, self.allow_privileged = pod_security_level, allow_privileged
         self.errors: list[str] = []
@@ -223,6 +242,9 @@ class _Model:
                 "network, i.e. as root on the GPU nodes; set tenants_pod_security_allow_privileged to accept that"
             )
         self.tenants[tenant] = {
+            "access": self._access(tenant, spec.get("access")),
+            "service_types": self._service_types(tenant, spec.get("service_types", ["ClusterIP"])),
+            "namespace_quota_override": spec.get("namespace_quota", {}),
             "group": group,
             "hosts": hosts,
             "namespaces": namespaces,
@@ -232,6 +254,80 @@ class _Model:
             "sharing": self.sharing["tenants"].get(tenant, {}),
             "device_plugin_config": self.sharing["labels"].get(tenant),
         }
+
+    def _access(self, tenant: str, value) -> dict[str, list[str]]:
+        """Who holds the tenant's Role: {groups, users}; the group <prefix><tenant> when the inventory names nobody."""
+        if value is None:
+            return {"groups": [f"{self.access_group_prefix}{tenant}"], "users": []}
+        if not isinstance(value, dict) or set(value) - {"groups", "users"}:
+            self.errors.append(f"tenant {tenant}: access must be a mapping with groups and/or users, not {value!r}")
+            return {"groups": [], "users": []}
+        access: dict[str, list[str]] = {}
+        errors_before = len(self.errors)
+        for kind in ("groups", "users"):
+            names = value.get(kind, [])
+            if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+                self.errors.append(f"tenant {tenant}: access.{kind} must be a list of names, not {names!r}")
+                names = []
+            for name in names:
+                if name.startswith("system:"):
+                    self.errors.append(
+                        f"tenant {tenant}: access.{kind} names {name}, one of the cluster's own system: identities "
+                        "(system:authenticated would give the tenant's Role to everyone)"
+                    )
+            access[kind] = [n for n in names if not n.startswith("system:")]
+        if not access["groups"] and not access["users"] and len(self.errors) == errors_before:
+            self.errors.append(f"tenant {tenant}: access names no group and no user")
+        return access
+
+    def _service_types(self, tenant: str, value) -> list[str]:
+        if not isinstance(value, list) or not value or not all(t in SERVICE_TYPES for t in value):
+            self.errors.append(
+                f"tenant {tenant}: service_types must be a non-empty list of {', '.join(SERVICE_TYPES)}, not {value!r}"
+            )
+            return ["ClusterIP"]
+        return list(value)
+
+    def namespace_quotas(self, defaults) -> None:
+        """Object counts and CPU/memory per tenant namespace: tenants_namespace_quota, the tenant's own merged over."""
+        for tenant, pool in self.tenants.items():
+            override = pool.pop("namespace_quota_override")
+            where = f"tenant {tenant}: namespace_quota"
+            if not isinstance(override, dict):
+                self.errors.append(f"{where} must be a mapping of quota key -> quantity, not {override!r}")
+                override = {}
+            merged = {**(defaults if isinstance(defaults, dict) else {}), **override}
+            for key, value in merged.items():
+                if not isinstance(key, str) or not QUOTA_KEY.fullmatch(key) or "nvidia.com/" in key:
+                    self.errors.append(
+                        f"{where}: {key!r} is no ResourceQuota key of objects, CPU or memory (GPU quotas are sized "
+                        "from the pool)"
+                    )
+                elif isinstance(value, bool) or not QUANTITY.fullmatch(str(value)):
+                    self.errors.append(f"{where}.{key} must be a quantity such as 100, 500m or 64Gi, not {value!r}")
+            pool["namespace_quota"] = {str(k): str(v) for k, v in sorted(merged.items())}
+
+    def dra(self) -> list[str]:
+        """DRA: each pool's DeviceClass per kind of device it has (dra_device_class, the one naming rule) and a
+        device-count quota per class and namespace: the namespace's GPU quota in devices (time-slicing replicas
+        divided out, rounded down); every other tenant's class 0."""
+        fleet: list[str] = []
+        for tenant, pool in self.tenants.items():
+            pool["dra_classes"] = {
+                r: dra_device_class(tenant, r) for r, count in pool.get("capacity", {}).items() if count > 0
+            }
+            fleet.extend(pool["dra_classes"].values())
+        for pool in self.tenants.values():
+            replicas = pool["sharing"]
+            pool["dra_quotas"] = {
+                ns: {
+                    **dict.fromkeys(fleet, 0),
+                    **{cls: pool["quotas"][ns][r] // replicas.get(r, 1) for r, cls in pool["dra_classes"].items()},
+                }
+                for ns in pool["namespaces"]
+                if ns in pool.get("quotas", {})
+            }
+        return sorted(fleet)
 
     def _pool_host(self, tenant: str, group: str, host: str) -> None:
         if host in self.tenant_of_host:
@@ -353,17 +449,22 @@ def tenants_model(
     quota_split="even",
     quota_overrides=None,
     allow_overcommit=False,
+    namespace_quota=None,
+    access_group_prefix="gpufleet:",
 ) -> dict:
-    model = _Model(hostvars, groups, priority_classes, pod_security_level, allow_privileged)
+    model = _Model(hostvars, groups, priority_classes, pod_security_level, allow_privileged, access_group_prefix)
     model.pools(tenants)
     model.unpooled_claims()
     capacity, resources = model.node_capacity()
     overrides = quota_overrides or {}
     model.check_overrides(quota_split, overrides, resources)
     model.quotas(capacity, resources, quota_split, overrides, allow_overcommit)
+    model.namespace_quotas(namespace_quota or {})
+    dra_classes = model.dra()
     return {
         "errors": model.errors,
         "resources": resources,
+        "dra_classes_fleet": dra_classes,
         "tenants": model.tenants,
         "nodes": {host: model.tenant_of_host.get(host) for host in model.gpu_nodes},
     }

@@ -263,9 +263,16 @@ def load_mig_parted_file(path: str, name: str) -> list:
             text = handle.read()
     except OSError as exc:
         raise SpecError(f"cannot read mig_parted_file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"mig_parted_file {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
+            "is it the mig-parted YAML config, not a binary or another encoding?"
+        ) from None
+    # yaml.YAMLError (a NUL or other control character included) is no ValueError; json.JSONDecodeError is.
+    errors = (yaml.YAMLError, ValueError) if HAS_YAML else (ValueError,)
     try:
         document = yaml.safe_load(text) if HAS_YAML else json.loads(text)
-    except ValueError as exc:  # yaml.YAMLError and json.JSONDecodeError both derive from ValueError
+    except errors as exc:
         raise SpecError(f"mig_parted_file {path} is not valid YAML: {exc}") from None
     return config_from_mig_parted(document, name)
 

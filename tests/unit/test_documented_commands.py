@@ -309,6 +309,12 @@ def check_yaml(block: Block, hongkong, tmp_path: Path) -> None:
         text = _role_text("tenants")
         assert all(key in text for key in data["nodeSelector"]), f"{block}: the tenants role sets other labels"
         assert all(t["key"] in text for t in data["tolerations"]), f"{block}: the tenants role sets other taints"
+    elif isinstance(data, dict) and data.get("kind") == "PodDisruptionBudget":
+        # The drain-safe budget the tenants' -objects admission policy asks for (refusals in test_hostile_tenant).
+        spec = data["spec"]
+        assert "minAvailable" not in spec and spec["maxUnavailable"] not in (0, "0%"), f"{block}: blocks a drain"
+        assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow", f"{block}: unhealthy pods would hold the budget"
+        assert "unhealthyPodEvictionPolicy == 'AlwaysAllow'" in _role_text("tenants"), f"{block}: the role asks else"
     elif isinstance(data, dict) and data.get("kind") == "AdmissionConfiguration":
         assert "matchContains" in str(data) and "nvidia.com/" in str(data)
     elif isinstance(data, dict) and "spec" in data and "hard" in data["spec"]:

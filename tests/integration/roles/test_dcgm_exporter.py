@@ -30,9 +30,24 @@ def test_renders_valid_exporter_with_profiling_counters_and_service_monitor(tmp_
     manifests = render_roles(
         ["gpufleet.mig.dcgm_exporter"], tmp_path, inventory, {"dcgm_exporter_service_monitor": "auto"}
     )
-    assert validate_manifests(manifests) == 4  # Namespace, ConfigMap, DaemonSet, Service (ServiceMonitor is a CRD)
+    # Namespace, ConfigMap, DaemonSet, Service, NetworkPolicy (ServiceMonitor is a CRD)
+    assert validate_manifests(manifests) == 5
     documents = load_manifests(manifests)
     objects = objects_of(documents)
+    # Only the named Prometheus reaches the exporters, on the metrics port (tests/netpol.py evaluates it).
+    policy = objects[("NetworkPolicy", "dcgm-exporter")]["spec"]
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "dcgm-exporter"
+    assert policy["ingress"] == [
+        {
+            "ports": [{"port": "metrics", "protocol": "TCP"}],
+            "from": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+        }
+    ]
 
     config_map = objects[("ConfigMap", "dcgm-exporter-counters")]
     fields = counters(config_map)

@@ -64,9 +64,12 @@ def check_base_config(config: dict) -> None:
 @pytest.mark.parametrize("inventory", ["inventories/lab", "inventories/hongkong"])
 def test_renders_a_default_and_a_named_time_slicing_config_chosen_by_node_label(tmp_path, inventory):
     manifests = render_roles(["gpufleet.mig.gpu_device_plugin"], tmp_path, inventory)
-    # Namespace, ConfigMap, ServiceAccount, ClusterRole and binding (config-manager), plugin and GFD DaemonSets
-    assert validate_manifests(manifests) == 7
+    # Namespace, ConfigMap, ServiceAccount, ClusterRole and binding (config-manager), plugin and GFD DaemonSets,
+    # the namespace's default-deny ingress NetworkPolicy
+    assert validate_manifests(manifests) == 8
     documents = load_manifests(manifests)
+    deny = by_kind_name(documents)[("NetworkPolicy", "gpufleet-node-agents-deny-ingress")]
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
     assert set(documents) == {"namespaces/gpufleet-node-agents.yaml", "gpu_device_plugin/device-plugin.yaml"}
     objects = by_kind_name(documents)
     # The node agents' own namespace: privileged (host paths, SYS_ADMIN), apart from the restricted gpufleet-system.
@@ -128,7 +131,7 @@ def test_without_sharing_one_config_file_and_no_api_access(tmp_path):
     manifests = render_roles(
         ["gpufleet.mig.gpu_device_plugin"], tmp_path, extra_vars={"gpufleet_tenants": fleet_tenants(sharing=False)}
     )
-    assert validate_manifests(manifests) == 4  # Namespace, ConfigMap, plugin and GFD DaemonSets
+    assert validate_manifests(manifests) == 5  # Namespace, ConfigMap, plugin and GFD DaemonSets, NetworkPolicy
     objects = by_kind_name(load_manifests(manifests))
     data = objects[("ConfigMap", "nvidia-device-plugin-config")]["data"]
     assert list(data) == ["config.yaml"]

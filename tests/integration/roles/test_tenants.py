@@ -102,6 +102,7 @@ def test_lab_renders_one_file_per_concern(lab_documents):
         "tenants/network-policies.yaml",
         "tenants/nodes.yaml",
         "tenants/admission.yaml",
+        "tenants/rbac.yaml",
     }
 
 
@@ -180,12 +181,13 @@ def test_lab_admission_policy_per_tenant(lab_documents):
     policies = {name: doc for (_, name), doc in by_kind(lab_documents, "ValidatingAdmissionPolicy").items()}
     bindings = {name: doc for (_, name), doc in by_kind(lab_documents, "ValidatingAdmissionPolicyBinding").items()}
     tenants = ("llm", "imagegen", "finnlp")
-    assert set(policies) == set(bindings) == {f"gpufleet-tenant-{t}{s}" for t in tenants for s in ("", "-binding")}
+    kinds = ("", "-binding", "-objects", "-claims")
+    assert set(policies) == set(bindings) == {f"gpufleet-tenant-{t}{s}" for t in tenants for s in kinds}
     for name, binding in bindings.items():
         assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
     # pods/binding: only to the pool's nodes (the lab's finnlp pool is hk-gpu-17..20).
     binding_policy = policies["gpufleet-tenant-finnlp-binding"]["spec"]
-    assert binding_policy["matchConstraints"]["resourceRules"][0]["resources"] == ["pods/binding"]
+    assert binding_policy["matchConstraints"]["resourceRules"][0]["resources"] == ["pods/binding", "bindings"]
     (rule,) = binding_policy["validations"]
     assert rule["expression"] == 'object.target.name in ["hk-gpu-17", "hk-gpu-18", "hk-gpu-19", "hk-gpu-20"]'
 
@@ -206,6 +208,83 @@ def test_lab_admission_policy_per_tenant(lab_documents):
     assert "cdi.k8s.io/" in expressions
     assert 'object.spec.priorityClassName == "gpufleet-batch"' in expressions
     assert '"imagegen"' not in expressions and '"gpufleet-inference"' not in expressions
+    # Metadata-only updates are checked when the pod carries a device-granting annotation.
+    assert "cdi.k8s.io/" in spec["matchConditions"][0]["expression"]
+
+    # Claims: only the pool's own DeviceClasses, named by tenants_model's dra_device_class.
+    claims = policies["gpufleet-tenant-finnlp-claims"]["spec"]
+    assert [r["resources"] for r in claims["matchConstraints"]["resourceRules"]] == [
+        ["resourceclaims", "resourceclaimtemplates"]
+    ]
+    claim_expressions = " ".join(v["expression"] for v in claims["variables"])
+    assert '["gpufleet-finnlp-mig-1g.10gb"]' in claim_expressions and "imagegen" not in claim_expressions
+    objects = policies["gpufleet-tenant-finnlp-objects"]["spec"]
+    assert [r["resources"] for r in objects["matchConstraints"]["resourceRules"]] == [
+        ["services"],
+        ["daemonsets"],
+        ["poddisruptionbudgets"],
+        ["networkpolicies"],
+    ]
+    assert '["ClusterIP"]' in " ".join(v["expression"] for v in objects["validations"])
+
+
+def test_lab_tenant_role_is_least_privilege_and_bound_to_the_tenants_group(lab_documents):
+    roles = by_kind(lab_documents, "Role")
+    bindings = by_kind(lab_documents, "RoleBinding")
+    namespaces = {"llm-inference": "llm", "imagegen": "imagegen", "finnlp": "finnlp", "finnlp-batch": "finnlp"}
+    assert set(roles) == set(bindings) == {(ns, "gpufleet-tenant") for ns in namespaces}
+    for ns, tenant in namespaces.items():
+        assert bindings[(ns, "gpufleet-tenant")]["subjects"] == [
+            {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": f"gpufleet:{tenant}"}
+        ]
+        assert bindings[(ns, "gpufleet-tenant")]["roleRef"]["kind"] == "Role"
+    granted = {
+        (group, resource): set(rule["verbs"])
+        for rule in roles[("finnlp", "gpufleet-tenant")]["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    for wanted in [("", "pods"), ("apps", "deployments"), ("batch", "jobs"), ("", "services")]:
+        assert {"create", "delete"} <= granted[wanted]
+    assert {"create"} <= granted[("resource.k8s.io", "resourceclaims")]
+    for kept_out in [
+        ("apps", "daemonsets"),
+        ("", "pods/binding"),
+        ("", "bindings"),
+        ("", "serviceaccounts"),
+        ("", "endpoints"),
+        ("networking.k8s.io", "networkpolicies"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+        ("", "namespaces"),
+    ]:
+        assert kept_out not in granted
+    assert granted[("", "resourcequotas")] == {"get", "list", "watch"}
+    assert all("*" not in verbs for verbs in granted.values())
+
+
+def test_lab_object_cpu_memory_and_dra_quotas(lab_documents):
+    quotas_by_name = by_kind(lab_documents, "ResourceQuota")
+    objects = quotas_by_name[("finnlp", "gpufleet-objects")]["spec"]["hard"]
+    assert objects["pods"] == "1000" and objects["requests.cpu"] == "1024" and objects["requests.memory"] == "8Ti"
+    assert {"services", "configmaps", "secrets", "count/resourceclaims.resource.k8s.io"} <= set(objects)
+    limits = by_kind(lab_documents, "LimitRange")[("finnlp", "gpufleet-defaults")]["spec"]["limits"]
+    assert limits == [{"type": "Container", "defaultRequest": {"cpu": "100m", "memory": "256Mi"}}]
+    # finnlp's 224 1g.10gb instances in devices (DRA counts devices, not time-slicing replicas), half per namespace;
+    # every other pool's class is 0.
+    dra = quotas_by_name[("finnlp", "gpufleet-dra")]["spec"]["hard"]
+    assert dra == {
+        "gpufleet-finnlp-mig-1g.10gb.deviceclass.resource.k8s.io/devices": 112,
+        "gpufleet-imagegen-mig-1g.10gb.deviceclass.resource.k8s.io/devices": 0,
+        "gpufleet-imagegen-mig-2g.20gb.deviceclass.resource.k8s.io/devices": 0,
+        "gpufleet-imagegen-mig-3g.40gb.deviceclass.resource.k8s.io/devices": 0,
+        "gpufleet-llm-gpu.deviceclass.resource.k8s.io/devices": 0,
+    }
+    assert (
+        quotas_by_name[("llm-inference", "gpufleet-dra")]["spec"]["hard"][
+            "gpufleet-llm-gpu.deviceclass.resource.k8s.io/devices"
+        ]
+        == 80
+    )
 
 
 def test_lab_pod_security_and_system_priority_quota(lab_documents):
@@ -334,7 +413,14 @@ def test_full_split_and_taints_kept_from_the_cluster(tmp_path):
 def test_pod_security_per_tenant_and_admission_switches(tmp_path):
     tenants = {
         "nlp": {"group": "pool_nlp", "namespaces": ["a"], "priority_class": "gpufleet-batch"},
-        "cv": {"group": "pool_cv", "namespaces": ["c"], "pod_security": "baseline"},
+        "cv": {
+            "group": "pool_cv",
+            "namespaces": ["c"],
+            "pod_security": "baseline",
+            "access": {"groups": ["team-cv"], "users": ["ana@example.org"]},
+            "service_types": ["ClusterIP", "LoadBalancer"],
+            "namespace_quota": {"pods": 20, "requests.cpu": "8"},
+        },
         "ops": {"group": "pool_ops", "namespaces": ["o"], "pod_security": "privileged"},
     }
     pools = {
@@ -363,7 +449,20 @@ def test_pod_security_per_tenant_and_admission_switches(tmp_path):
     assert by_kind(documents, "Namespace")[(None, "a")]["metadata"]["labels"]["team"] == "x"
     bindings = by_kind(documents, "ValidatingAdmissionPolicyBinding")
     assert bindings[(None, "gpufleet-tenant-cv")]["spec"]["validationActions"] == ["Warn", "Audit"]
-    assert {name for _, name in by_kind(documents, "ResourceQuota")} == {"gpufleet-gpu"}
+    assert {name for _, name in by_kind(documents, "ResourceQuota")} == {
+        "gpufleet-gpu",
+        "gpufleet-objects",
+        "gpufleet-dra",
+    }
+    # The inventory's access, Service types and namespace quota (merged over tenants_namespace_quota).
+    assert by_kind(documents, "RoleBinding")[("c", "gpufleet-tenant")]["subjects"] == [
+        {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "team-cv"},
+        {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "ana@example.org"},
+    ]
+    cv_objects = by_kind(documents, "ResourceQuota")[("c", "gpufleet-objects")]["spec"]["hard"]
+    assert cv_objects["pods"] == "20" and cv_objects["requests.cpu"] == "8" and cv_objects["secrets"] == "500"
+    cv_types = by_kind(documents, "ValidatingAdmissionPolicy")[(None, "gpufleet-tenant-cv-objects")]["spec"]
+    assert '["ClusterIP", "LoadBalancer"]' in " ".join(v["expression"] for v in cv_types["validations"])
     cv = by_kind(documents, "ValidatingAdmissionPolicy")[(None, "gpufleet-tenant-cv")]["spec"]
     assert not any("envFrom" in v["expression"] for v in cv["validations"])
     # A tenant without a PriorityClass may use none.

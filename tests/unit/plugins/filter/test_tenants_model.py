@@ -247,3 +247,57 @@ def test_dra_device_class_names_one_class_per_pool_and_device_kind(resource, exp
 def test_dra_device_class_refuses_what_is_no_gpu_resource():
     with pytest.raises(ValueError, match=r"'example\.com/fpga' is not nvidia\.com/gpu"):
         dra_device_class("llm", "example.com/fpga")
+
+
+def test_access_defaults_to_the_tenants_group_and_takes_the_inventorys_groups_and_users():
+    hostvars, groups = inventory({"nlp": ["n1"], "cv": ["c1"]})
+    tenants = {"nlp": tenant("nlp", "a"), "cv": tenant("cv", "c", access={"groups": ["team-cv"], "users": ["ana"]})}
+    model = tenants_model(hostvars, groups, tenants, access_group_prefix="corp:")
+    assert model["errors"] == []
+    assert model["tenants"]["nlp"]["access"] == {"groups": ["corp:nlp"], "users": []}
+    assert model["tenants"]["cv"]["access"] == {"groups": ["team-cv"], "users": ["ana"]}
+    assert model["tenants"]["nlp"]["service_types"] == ["ClusterIP"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"access": ["team"]}, "tenant nlp: access must be a mapping with groups and/or users"),
+        ({"access": {"groups": "team"}}, "tenant nlp: access.groups must be a list of names"),
+        ({"access": {"groups": ["system:authenticated"]}}, "access.groups names system:authenticated"),
+        ({"access": {"groups": [], "users": []}}, "tenant nlp: access names no group and no user"),
+        ({"service_types": ["NodePort", "Ingress"]}, "tenant nlp: service_types must be a non-empty list of"),
+        ({"namespace_quota": {"pods": "lots"}}, "tenant nlp: namespace_quota.pods must be a quantity"),
+        ({"namespace_quota": {"requests.nvidia.com/gpu": 1}}, "'requests.nvidia.com/gpu' is no ResourceQuota key"),
+        ({"namespace_quota": [1]}, "tenant nlp: namespace_quota must be a mapping"),
+    ],
+)
+def test_bad_access_service_types_and_namespace_quotas_are_listed(spec, message):
+    hostvars, groups = inventory({"nlp": ["n1"]})
+    model = tenants_model(hostvars, groups, {"nlp": tenant("nlp", "a", **spec)})
+    assert any(message in error for error in model["errors"]), model["errors"]
+
+
+def test_namespace_quota_merges_the_tenants_own_over_the_defaults():
+    hostvars, groups = inventory({"nlp": ["n1"]})
+    defaults = {"pods": "100", "requests.cpu": "64", "requests.memory": "1Ti"}
+    model = tenants_model(
+        hostvars, groups, {"nlp": tenant("nlp", "a", namespace_quota={"pods": 500})}, namespace_quota=defaults
+    )
+    assert model["errors"] == []
+    assert model["tenants"]["nlp"]["namespace_quota"] == {"pods": "500", "requests.cpu": "64", "requests.memory": "1Ti"}
+
+
+def test_dra_classes_come_from_dra_device_class_and_quotas_count_devices_not_replicas():
+    hostvars, groups = inventory({"nlp": ["n1"], "llm": ["l1"]})
+    hostvars["l1"]["mig_partition_config"] = WHOLE
+    tenants = {"nlp": tenant("nlp", "a", "b", sharing={"nvidia.com/mig-1g.10gb": 4}), "llm": tenant("llm", "x")}
+    model = tenants_model(hostvars, groups, tenants)
+    assert model["errors"] == []
+    nlp, llm = model["tenants"]["nlp"], model["tenants"]["llm"]
+    assert nlp["dra_classes"] == {"nvidia.com/mig-1g.10gb": dra_device_class("nlp", "nvidia.com/mig-1g.10gb")}
+    assert llm["dra_classes"] == {"nvidia.com/gpu": dra_device_class("llm", "nvidia.com/gpu")}
+    assert model["dra_classes_fleet"] == sorted([*nlp["dra_classes"].values(), *llm["dra_classes"].values()])
+    # 56 instances x 4 replicas = 224 quota, 112 per namespace = 28 devices each; the other pool's class is 0.
+    assert nlp["dra_quotas"]["a"] == {"gpufleet-nlp-mig-1g.10gb": 28, "gpufleet-llm-gpu": 0}
+    assert llm["dra_quotas"]["x"] == {"gpufleet-nlp-mig-1g.10gb": 0, "gpufleet-llm-gpu": 8}

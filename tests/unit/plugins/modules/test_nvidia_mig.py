@@ -202,6 +202,27 @@ def test_mig_parted_file(sim, tmp_path):
     assert "unsupported version 'v2'" in run_module(nvidia_mig, args)["msg"]
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("version: v1\n# caf\xe9\n".encode("latin-1"), "is not UTF-8 text (byte 0xe9 at offset 17)"),
+        (b"\x7fELF\x02\x01\x01\x00\x00\x00", "is not valid YAML"),  # valid UTF-8, but NUL bytes
+        (bytes(range(256)), "is not UTF-8 text (byte 0x80 at offset 128)"),
+    ],
+    ids=["latin-1", "elf-header", "binary"],
+)
+def test_a_mig_parted_file_that_is_not_utf8_text_fails_cleanly_and_writes_nothing(sim, tmp_path, content, message):
+    path = tmp_path / "config.yaml"
+    path.write_bytes(content)
+    before = Path(sim.path).read_text()
+    args = {"mig_parted_file": str(path), "mig_parted_config": "custom", "nvml_sim_state": sim.path}
+    result = run_module(nvidia_mig, args)
+    assert result["failed"] and not result["changed"], result
+    assert f"mig_parted_file {path} {message}" in result["msg"], result["msg"]
+    assert "Traceback" not in json.dumps(result)
+    assert Path(sim.path).read_text() == before
+
+
 def test_config_and_mig_parted_file_are_mutually_exclusive(sim):
     result = run_module(
         nvidia_mig, {"config": IMAGEGEN, "mig_parted_file": "/x", "mig_parted_config": "y", "nvml_sim_state": sim.path}
