@@ -2,7 +2,8 @@
 
 Reads what the lab's steps left in the lab directory (default build/lab): fleet-summary.txt (written by
 playbooks/site.yml when gpufleet_fleet_summary_file is set, as the lab inventory does), sim/results.json and
-sim-quiet/results.json (gpufleet-extender simulate), and the rendered manifests. The MIG re-layout comparison
+sim-quiet/results.json (gpufleet-extender simulate), the rendered manifests, and the alert rules and dashboard
+(monitoring/). The MIG re-layout comparison
 (static layouts against a re-layout every 10 minutes on the day trace, docs/simulator.md) is read from
 sim-relayout/results.json, which this script writes first by running the comparison's lab variant (x0.25, about
 a minute; `--reuse-relayout` reads the one already there instead).
@@ -20,6 +21,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import yaml
 from gpufleet_extender.simulate.verdict import (
     DOCS,
     GAINS_SECTION,
@@ -67,6 +69,24 @@ def _fleet_lines(summary: Path) -> list[str]:
         if line.startswith("tenant ") or "pool total" in line or "(!)" in line or "pending" in line:
             lines.append("  " + line)
     return lines
+
+
+def _monitoring_line(lab: Path) -> str | None:
+    """The alert rules and the dashboard the monitoring role wrote beside the manifests (None if it did not run)."""
+    rules, dashboard = (
+        lab / "monitoring" / "gpufleet-alerts.rules.yml",
+        lab / "monitoring" / "gpufleet-fleet-dashboard.json",
+    )
+    if not (rules.is_file() and dashboard.is_file()):
+        return None
+    groups = yaml.safe_load(rules.read_text(encoding="utf-8"))["groups"]
+    alerts = sum(1 for group in groups for rule in group["rules"] if "alert" in rule)
+    panels = [p for p in json.loads(dashboard.read_text(encoding="utf-8"))["panels"] if p.get("type") != "row"]
+    operator = lab / "manifests" / "monitoring"
+    return (
+        f"  monitoring  {rules} ({alerts} alert rules; as a PrometheusRule in {operator}/), "
+        f"{dashboard} (Grafana, {len(panels)} panels; as a ConfigMap beside it): docs/monitoring.md"
+    )
 
 
 def _count_files(directory: Path) -> int:
@@ -146,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     out.append(
         "  reports     " + ", ".join(f"{lab / run}/report.txt" for run in RUNS) + " (tables); results.json beside each"
     )
+    monitoring = _monitoring_line(lab)
+    if monitoring:
+        out.append(monitoring)
     out.append(f"  host state  {lab / 'nvml'}/ (simulated GPUs), {lab / 'hosts'}/ (each node's files)")
     out.append(f"  re-layout   {lab / 'rebalance'}/ (the finance pool's GPUs after the advice)")
     out.append(RULE)

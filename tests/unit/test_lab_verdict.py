@@ -124,3 +124,21 @@ def test_all_goals_met_and_a_missing_step(tmp_path):
     assert missing.returncode == 2 and "sim-quiet/results.json is missing: the simulator step did not run" in (
         missing.stderr
     )
+
+
+def test_the_alert_rules_and_the_dashboard_are_listed_with_their_counts(tmp_path):
+    lab = _lab(tmp_path, cov_met=True)
+    without = _verdict(str(lab), "--reuse-relayout")
+    assert without.returncode == 0 and "monitoring" not in without.stdout  # the role did not run: no line
+    (lab / "monitoring").mkdir()
+    files = REPO / "roles" / "monitoring" / "files"
+    for name in ("gpufleet-alerts.rules.yml", "gpufleet-fleet-dashboard.json"):
+        (lab / "monitoring" / name).write_text((files / name).read_text())
+    alerts = (files / "gpufleet-alerts.rules.yml").read_text().count("- alert: ")
+    panels = [
+        p for p in json.loads((files / "gpufleet-fleet-dashboard.json").read_text())["panels"] if p["type"] != "row"
+    ]
+    out = " ".join(_verdict(str(lab), "--reuse-relayout").stdout.split())
+    assert f"monitoring {lab}/monitoring/gpufleet-alerts.rules.yml ({alerts} alert rules;" in out
+    assert f"{lab}/monitoring/gpufleet-fleet-dashboard.json (Grafana, {len(panels)} panels;" in out
+    assert alerts >= 14 and len(panels) >= 14

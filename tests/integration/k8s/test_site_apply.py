@@ -108,6 +108,7 @@ def test_site_applies_the_fleet_then_changes_nothing(site_run, api, core, lab_no
         ("apps/v1", "Deployment", "descheduler", "gpufleet-system"),
         ("apps/v1", "DaemonSet", "nvidia-device-plugin", "gpufleet-node-agents"),
         ("apps/v1", "DaemonSet", "dcgm-exporter", "gpufleet-node-agents"),
+        ("v1", "ConfigMap", "gpufleet-dashboard-lab", "gpufleet-system"),  # the fleet dashboard (monitoring role)
     ]
     missing = [f"{kind} {ns}/{name}" for ver, kind, name, ns in expected if not exists(api, ver, kind, name, ns)]
     assert missing == []

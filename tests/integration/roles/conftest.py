@@ -21,7 +21,14 @@ from support import free_port, render_roles, run_playbook, try_render, write_inv
 # The Kubernetes version manifests are validated against (strict: unknown fields fail).
 KUBERNETES_VERSION = "1.37.0"
 # Kinds that are not in the core OpenAPI schemas (CRDs); their roles validate them with their own checks.
-CUSTOM_KINDS = {"ServiceMonitor", "KubeSchedulerConfiguration", "DeschedulerPolicy", "Certificate", "Issuer"}
+CUSTOM_KINDS = {
+    "ServiceMonitor",
+    "PrometheusRule",
+    "KubeSchedulerConfiguration",
+    "DeschedulerPolicy",
+    "Certificate",
+    "Issuer",
+}
 
 
 def load_manifests(directory: Path) -> dict[str, list[dict]]:
