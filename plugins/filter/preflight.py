@@ -31,7 +31,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _value:
-  description: The problems, each "found ...; needed: ...".
+  description: 'The problems, each "found ...; needed: ...".'
   type: list
   elements: str
 """

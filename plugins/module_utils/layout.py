@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from .exceptions import SpecError
+from .names import parse_profile_name
 from .planner import Catalog, validate_target
 from .profile_tables import H100_80GB, ProductTable, product_table
-from .spec import GpuSelectable, parse_config, parse_profile_name, targets_for_gpus
+from .spec import GpuSelectable, parse_config, targets_for_gpus
 
 
 def product_or_default(product: str | None) -> ProductTable:

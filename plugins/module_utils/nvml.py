@@ -120,21 +120,17 @@ class NvmlInterface(Protocol):
 
     def mig_mode(self, index: int) -> tuple[bool, bool]:
         """(current, pending); (False, False) on a GPU that cannot do MIG."""
-        ...
 
     def mig_capable(self, index: int) -> bool:
         """Whether the GPU has a MIG mode at all (NVML answers NOT_SUPPORTED for its mode otherwise)."""
-        ...
 
     def set_mig_mode(self, index: int, enabled: bool) -> int:
         """Returns NVML's activation status (SUCCESS, or e.g. IN_USE when the change stays pending until reset)."""
-        ...
 
     def reset_gpu(self, index: int) -> None: ...
 
     def gpu_instance_profiles(self, index: int) -> list[ProfileInfo]:
         """ProfileInfo for every profile enum NVML supports on this GPU, with placements by profile id."""
-        ...
 
     def gpu_instances(self, index: int, profile_ids: list[int]) -> list[GpuInstanceRecord]: ...
 
@@ -144,11 +140,9 @@ class NvmlInterface(Protocol):
 
     def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
         """nvmlDeviceCreateGpuInstanceWithPlacement; returns the new GPU instance id."""
-        ...
 
     def create_compute_instance(self, index: int, gi_id: int, slice_count: int) -> int:
         """Create the compute instance spanning the whole GPU instance; returns its id."""
-        ...
 
     def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None: ...
 

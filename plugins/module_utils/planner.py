@@ -18,9 +18,10 @@ from itertools import combinations
 from typing import Any
 
 from .exceptions import BusyInstanceError, SpecError
+from .names import parse_profile_name
 from .nvml import ProfileInfo  # re-exported: the catalog is made of what NVML reports
 from .placement import Catalog, Slot, describe_counts, search_placement, totals_problem
-from .spec import GpuTarget, parse_profile_name
+from .spec import GpuTarget
 
 # Catalog, Slot, describe_counts and search_placement live in placement.py; re-exported for the planner's callers.
 __all__ = [

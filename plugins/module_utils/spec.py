@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .exceptions import SpecError
-from .names import ProfileName as ProfileName  # re-exported: the grammar lives in names.py
-from .names import parse_profile_name as parse_profile_name
+from .names import parse_profile_name  # the grammar lives in names.py
 
 SUPPORTED_MIG_PARTED_VERSIONS = ("v1",)
 _ENTRY_KEYS = {"devices", "mig_enabled", "mig_devices", "device_filter"}
