@@ -194,3 +194,23 @@ def test_check_config_reads_shared_resources_as_the_configmap_holds_them_json_te
         check_settings({"SHARED_RESOURCES": "nvidia.com/mig-1g.10gb=4"})
     with pytest.raises(SettingsError, match=r"SHARED_RESOURCES\.nvidia\.com/mig-1g\.10gb: Input should be less than"):
         check_settings({"SHARED_RESOURCES": '{"nvidia.com/mig-1g.10gb": 65}'})
+
+
+def test_a_pinned_prometheus_ca_needs_an_https_url():
+    https = {"PROMETHEUS_URL": "https://prometheus.monitoring.svc:9090", "PROMETHEUS_CA_FILE": "/etc/ca/ca.crt"}
+    settings = check_settings({**https, "PROMETHEUS_TOKEN_FILE": "/etc/token/token"})
+    assert (str(settings.PROMETHEUS_CA_FILE), str(settings.PROMETHEUS_TOKEN_FILE)) == (
+        "/etc/ca/ca.crt",
+        "/etc/token/token",
+    )
+    with pytest.raises(
+        SettingsError, match='PROMETHEUS_CA_FILE needs an https:// PROMETHEUS_URL \\(got "http://p:9090"\\)'
+    ):
+        check_settings({**https, "PROMETHEUS_URL": "http://p:9090"})
+
+
+def test_serve_with_an_unusable_prometheus_ca_exits_2_with_the_reason(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PROMETHEUS_URL", "https://127.0.0.1:9")
+    monkeypatch.setenv("PROMETHEUS_CA_FILE", str(tmp_path / "missing.crt"))
+    assert main(["serve", "--port", "0"]) == EXIT_BAD_SETTINGS
+    assert f"cannot use PROMETHEUS_CA_FILE {tmp_path / 'missing.crt'}" in capsys.readouterr().err

@@ -6,10 +6,12 @@ GPUFLEET_REQUIRE_PROMETHEUS=1 (CI) makes its absence a failure. Every process st
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import threading
@@ -21,7 +23,9 @@ import httpx
 import pytest
 from exposition import render_exposition
 
-from extender_helpers import free_port, gpus, make_pod, mig, names_args, write_metrics
+from gpufleet_extender.metrics_source import MetricsSourceError, PrometheusSource
+
+from extender_helpers import free_port, gpus, make_pod, mig, names_args, write_ca_and_server_cert, write_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -382,3 +386,86 @@ def test_series_are_read_only_from_the_exporters_job_and_namespace(prometheus_bi
                 stop(open_)
         finally:
             stop(process)
+
+
+class BearerTlsProxy:
+    """https on 127.0.0.1 in front of Prometheus, as kube-rbac-proxy would be: a request without the expected bearer
+    token gets 401; the others are passed on. ``token`` may change while it runs (a rotation)."""
+
+    def __init__(self, upstream: str, cert: Path, key: Path, token: str):
+        self.token = token
+        self.seen: list[str | None] = []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                authorization = self.headers.get("Authorization")
+                proxy.seen.append(authorization)
+                if authorization != f"Bearer {proxy.token}":
+                    status, body, kind = 401, b"Unauthorized\n", "text/plain"
+                else:
+                    answer = httpx.get(upstream + self.path, timeout=5)
+                    status, body, kind = answer.status_code, answer.content, answer.headers["content-type"]
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            # The handshake runs in the request's thread: a client that refuses the certificate never blocks accept.
+            def finish_request(self, request, client_address) -> None:
+                request.settimeout(5)
+                super().finish_request(context.wrap_socket(request, server_side=True), client_address)
+
+            def handle_error(self, request, client_address) -> None:
+                pass  # refused handshakes: the client's error is what the test checks
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> BearerTlsProxy:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_prometheus_over_https_with_a_pinned_ca_and_a_rotating_token(prometheus, tmp_path):
+    prometheus_url, _exporter, _process = prometheus
+    ca, cert, key = write_ca_and_server_cert(tmp_path / "pki")
+    other_ca, _cert, _key = write_ca_and_server_cert(tmp_path / "other")
+    token = tmp_path / "token"
+    token.write_text("reader-1\n")
+    with BearerTlsProxy(prometheus_url, cert, key, "reader-1") as proxy:
+
+        def source(ca_file: Path | None) -> PrometheusSource:
+            return PrometheusSource(proxy.url, ("Hostname", "hostname"), 3.0, ca_file=ca_file, token_file=token)
+
+        snapshot = asyncio.run(source(ca).fetch(1))
+        assert set(snapshot.nodes) == {"hk-gpu-01", "hk-gpu-02", "hk-gpu-17"}
+        assert proxy.seen == ["Bearer reader-1"] * 2
+
+        # The token is rotated (the Secret's file changes): the next refresh sends the new one.
+        proxy.token = "reader-2"
+        with pytest.raises(MetricsSourceError, match="HTTP 401"):
+            asyncio.run(source(ca).fetch(2))
+        token.write_text("reader-2")
+        assert set(asyncio.run(source(ca).fetch(3)).nodes) == {"hk-gpu-01", "hk-gpu-02", "hk-gpu-17"}
+
+        # A server whose certificate another CA issued (or no CA pinned: the system's) is not asked anything.
+        proxy.seen.clear()
+        for wrong in (other_ca, None):
+            with pytest.raises(MetricsSourceError, match=r"Prometheus unreachable: ConnectError.*CERTIFICATE_VERIFY"):
+                asyncio.run(source(wrong).fetch(4))
+        assert proxy.seen == []

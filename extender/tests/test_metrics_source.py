@@ -177,3 +177,40 @@ def test_the_source_deadline_is_the_refreshers_default(tmp_path):
     source = PrometheusSource("http://p.invalid", LABELS, 1.5, transport=prometheus_answers([], []))
     assert SnapshotRefresher(source, 5)._deadline == 2.5
     assert SnapshotRefresher(FileSource(tmp_path / "m.prom", LABELS), 5)._deadline == FileSource.deadline
+
+
+def test_the_token_file_is_read_at_each_refresh_so_a_rotated_token_is_sent(tmp_path):
+    seen = []
+
+    def answer(request):
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    token = tmp_path / "token"
+    token.write_text("first\n")  # a trailing newline (echo, kubectl create secret --from-file) is not the token
+    source = PrometheusSource("http://p.invalid", LABELS, 1.0, transport=httpx.MockTransport(answer), token_file=token)
+    run(source.fetch(1))
+    token.write_text("second")
+    run(source.fetch(2))
+    assert seen == ["Bearer first", "Bearer first", "Bearer second", "Bearer second"]  # two queries a refresh
+
+
+@pytest.mark.parametrize(("content", "says"), [(None, "cannot read PROMETHEUS_TOKEN_FILE"), ("\n", "is empty")])
+def test_a_missing_or_empty_token_fails_the_refresh_without_querying(tmp_path, content, says):
+    queried = []
+    token = tmp_path / "token"
+    if content is not None:
+        token.write_text(content)
+    transport = httpx.MockTransport(lambda request: queried.append(request) or httpx.Response(200))
+    source = PrometheusSource("http://p.invalid", LABELS, 1.0, transport=transport, token_file=token)
+    with pytest.raises(MetricsSourceError, match=says):
+        run(source.fetch(1))
+    assert queried == []  # nothing goes out without the token
+
+
+def test_an_unusable_ca_file_is_a_clear_error(tmp_path):
+    not_pem = tmp_path / "ca.crt"
+    not_pem.write_text("not a certificate")
+    for ca in (not_pem, tmp_path / "missing.crt"):
+        with pytest.raises(MetricsSourceError, match=f"cannot use PROMETHEUS_CA_FILE {ca}"):
+            PrometheusSource("https://p.invalid", LABELS, 1.0, ca_file=ca)

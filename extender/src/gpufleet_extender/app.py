@@ -49,6 +49,8 @@ def build_source(settings: Settings) -> MetricsSource:
         settings.PROMETHEUS_TIMEOUT_SECONDS,
         max_skew=settings.METRICS_MAX_CLOCK_SKEW_SECONDS,
         matchers=exporter_matchers(settings.EXPORTER_JOB, settings.EXPORTER_NAMESPACE),
+        ca_file=settings.PROMETHEUS_CA_FILE,
+        token_file=settings.PROMETHEUS_TOKEN_FILE,
     )
 
 

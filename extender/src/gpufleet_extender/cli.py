@@ -87,10 +87,17 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gpufleet_extender.app import create_app
+    from gpufleet_extender.errors import ExtenderError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = create_app(settings)
+    except ExtenderError as exc:  # e.g. a PROMETHEUS_CA_FILE that is not a readable PEM CA
+        print(f"gpufleet-extender: {exc}", file=sys.stderr)
+        responder.handover().close()
+        return EXIT_BAD_SETTINGS
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         log_level=args.log_level,
         access_log=args.access_log,
         http=args.http or ("httptools" if _installed("httptools") else "h11"),

@@ -127,6 +127,11 @@ class Settings(BaseSettings):
 
     PROMETHEUS_URL: str = "http://127.0.0.1:9090"
     PROMETHEUS_TIMEOUT_SECONDS: float = Field(2.0, gt=0, le=60)
+    # https: Prometheus' certificate is checked against this PEM CA bundle only (unset: the system's CAs). A
+    # pinned CA keeps a Service that captures the address (spec.externalIPs) from answering with fake load.
+    PROMETHEUS_CA_FILE: Path | None = None
+    # Bearer token sent with every query, read from this file at each refresh (a rotated token is picked up).
+    PROMETHEUS_TOKEN_FILE: Path | None = None
     # The dcgm series are read only from this scrape job and namespace (the labels Prometheus gives the exporter's
     # targets); empty: any. Pinned, an exporter that someone else runs (a tenant's, under its own job or in its own
     # namespace) cannot feed the extender. See docs/tenants.md for keeping those labels honest.
@@ -290,11 +295,19 @@ def _file_source_has_file(v: Mapping[str, Any], name: Name) -> str | None:
     return None
 
 
+def _ca_needs_https(v: Mapping[str, Any], name: Name) -> str | None:
+    if v["PROMETHEUS_CA_FILE"] is not None and not str(v["PROMETHEUS_URL"]).startswith("https://"):
+        url = go_quote(v["PROMETHEUS_URL"])
+        return f"{name('PROMETHEUS_CA_FILE')} needs an https:// {name('PROMETHEUS_URL')} (got {url})"
+    return None
+
+
 RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any], Name], str | None]], ...] = (
     (("WEIGHT_GPU_UTIL", "WEIGHT_MEM_UTIL"), _weights_add_up),
     (("SCORING_STRATEGY", "PACK_TARGET_UTIL", "GPU_UTIL_THRESHOLD"), _pack_below_threshold),
     (("SCORING_STRATEGY", "AUTO_PACK_BELOW", "AUTO_HYSTERESIS"), _auto_can_spread),
     (("METRICS_SOURCE", "METRICS_FILE"), _file_source_has_file),
+    (("PROMETHEUS_URL", "PROMETHEUS_CA_FILE"), _ca_needs_https),
 )
 
 

@@ -9,7 +9,9 @@ in a new immutable ``MetricsSnapshot``; handlers read whichever snapshot is curr
 - ``PrometheusSource``: two instant queries: the dcgm series themselves, and the newest sample time per
   node (``timestamp()``), since an instant query's own timestamp is the evaluation time, not the scrape's.
   PROMETHEUS_TIMEOUT_SECONDS bounds the whole refresh (httpx's own timeout is per read: a Prometheus that
-  trickles a byte a second would never time out).
+  trickles a byte a second would never time out). Over https with PROMETHEUS_CA_FILE, Prometheus' certificate
+  must chain to that CA alone; PROMETHEUS_TOKEN_FILE's bearer token is re-read at each refresh, so a rotated
+  token (a Secret the kubelet updates in place) is used from the next refresh on.
 
 Data a source delivers is screened before it is trusted (``screen_samples``, ``drop_future_nodes``): a node
 with a value out of its metric's range (utilisation below 0 or above 100 %, a negative framebuffer) or with
@@ -25,6 +27,7 @@ import json
 import logging
 import math
 import os
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -335,8 +338,17 @@ class PrometheusSource:
         transport: httpx.AsyncBaseTransport | None = None,
         max_skew: float = DEFAULT_MAX_CLOCK_SKEW,
         matchers: str = "",
+        ca_file: Path | None = None,
+        token_file: Path | None = None,
     ):
-        self._client = httpx.AsyncClient(base_url=url, timeout=timeout, transport=transport)
+        verify: ssl.SSLContext | bool = True
+        if ca_file is not None:
+            try:
+                verify = ssl.create_default_context(cafile=str(ca_file))
+            except (OSError, ssl.SSLError) as exc:
+                raise MetricsSourceError(f"cannot use PROMETHEUS_CA_FILE {ca_file}: {exc}") from None
+        self._client = httpx.AsyncClient(base_url=url, timeout=timeout, transport=transport, verify=verify)
+        self._token_file = token_file
         self._timeout = timeout
         # The refresher's safety net sits above the source's own whole-request deadline.
         self.deadline = timeout + 1.0
@@ -349,19 +361,34 @@ class PrometheusSource:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def _query(self, promql: str) -> tuple[int, bytes]:
+    def _headers(self) -> dict[str, str]:
+        """The Authorization header of this refresh (the token file as it is now)."""
+        if self._token_file is None:
+            return {}
+        try:
+            token = self._token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise MetricsSourceError(f"cannot read PROMETHEUS_TOKEN_FILE {self._token_file}: {exc}") from None
+        if not token:
+            raise MetricsSourceError(f"PROMETHEUS_TOKEN_FILE {self._token_file} is empty")
+        return {"Authorization": f"Bearer {token}"}
+
+    async def _query(self, promql: str, headers: dict[str, str]) -> tuple[int, bytes]:
         """The HTTP status and body of one instant query (decoded later, off the event loop: decode_vector)."""
         try:
-            response = await self._client.get("/api/v1/query", params={"query": promql})
+            response = await self._client.get("/api/v1/query", params={"query": promql}, headers=headers)
         except httpx.HTTPError as exc:
             raise MetricsSourceError(f"Prometheus unreachable: {exc.__class__.__name__}: {exc}") from None
         return response.status_code, response.content
 
     async def fetch(self, version: int) -> MetricsSnapshot:
         queried_at = self._clock()
+        headers = self._headers()
         try:
             async with asyncio.timeout(self._timeout):
-                series, times = await asyncio.gather(self._query(self._series_query), self._query(self._times_query))
+                series, times = await asyncio.gather(
+                    self._query(self._series_query, headers), self._query(self._times_query, headers)
+                )
         except TimeoutError:
             raise MetricsSourceError(
                 f"Prometheus did not answer both queries within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)"
