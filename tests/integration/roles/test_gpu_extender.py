@@ -129,9 +129,11 @@ def test_lab_container_is_hardened_and_probed(lab):
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
     assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
     assert container["envFrom"] == [{"configMapRef": {"name": lab["ConfigMap"]["metadata"]["name"]}}]
-    # The only writable place is the in-memory /tmp; the TLS Secret is mounted read-only.
+    # The only writable place is the in-memory /tmp; the TLS Secret, Prometheus' token and CA are mounted read-only.
     assert container["volumeMounts"] == [
         {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "prometheus-token", "mountPath": "/etc/gpufleet/prometheus-token", "readOnly": True},
+        {"name": "prometheus-ca", "mountPath": "/etc/gpufleet/prometheus-ca", "readOnly": True},
         {"name": "tls", "mountPath": "/etc/gpufleet-extender/tls", "readOnly": True},
     ]
 
@@ -282,7 +284,8 @@ def test_one_api_feature_is_enough_for_the_read_only_role(tmp_path, small_invent
         # the extender's own rules, in its own words (gpufleet-extender check-config on the rendered ConfigMap)
         ({"gpu_extender_weight_gpu_util": 0.6}, "WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got 0.6 + 0.3 = 0.9)"),
         ({"gpu_extender_gpu_util_threshold": 1.5}, "GPU_UTIL_THRESHOLD: Input should be less than or equal to 1"),
-        ({"gpu_extender_prometheus_url": "prometheus:9090"}, "must start with http:// or https://"),
+        # the role's own rule comes first: https, or http:// with gpu_extender_prometheus_allow_http
+        ({"gpu_extender_prometheus_url": "prometheus:9090"}, "must be https:// (got prometheus:9090)"),
         ({"gpu_extender_image_digest": "sha256:ABC"}, 'sha256:<64 lower-case hex> or null (got "sha256:ABC")'),
     ],
 )
@@ -639,3 +642,50 @@ def test_a_pack_target_above_the_filter_threshold_is_refused(tmp_path):
         result.stdout.split()
     )
     assert not (manifests / "gpu_extender").exists()
+
+
+# --- the metrics path: Prometheus over https, a pinned CA, a token of its own ---------------------------------
+
+
+def test_lab_queries_prometheus_over_https_with_a_pinned_ca_and_its_own_token(lab):
+    settings = lab["ConfigMap"]["data"]
+    assert settings["PROMETHEUS_URL"] == "https://prometheus-operated.monitoring.svc:9090"
+    assert settings["PROMETHEUS_CA_FILE"] == "/etc/gpufleet/prometheus-ca/ca.crt"
+    assert settings["PROMETHEUS_TOKEN_FILE"] == "/etc/gpufleet/prometheus-token/token"
+    pod = lab["Deployment"]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["prometheus-ca"] == {
+        "name": "prometheus-ca",
+        "mountPath": "/etc/gpufleet/prometheus-ca",
+        "readOnly": True,
+    }
+    assert mounts["prometheus-token"]["mountPath"] == "/etc/gpufleet/prometheus-token"
+    assert mounts["prometheus-token"]["readOnly"] is True and "subPath" not in mounts["prometheus-token"]
+    assert volumes["prometheus-ca"]["configMap"]["name"] == "kube-root-ca.crt"
+    assert volumes["prometheus-ca"]["configMap"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    assert volumes["prometheus-token"]["secret"]["secretName"] == "gpufleet-extender-prometheus"
+    assert volumes["prometheus-token"]["secret"]["items"] == [{"key": "token", "path": "token"}]
+    assert "Secret" not in lab  # the token is never rendered to a file
+
+
+def test_plain_http_prometheus_is_refused_without_the_opt_out(tmp_path):
+    inventory = control_plane_inventory(tmp_path, {"cp-1": "10.20.0.11"})
+    plain = {"gpufleet_k8s_mode": "render", "gpu_extender_prometheus_url": "http://prometheus.monitoring.svc:9090"}
+    result = run_extender(tmp_path, inventory, plain)
+    output = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    assert "gpu_extender_prometheus_url must be https:// (got http://prometheus.monitoring.svc:9090)" in output
+    assert "gpu_extender_prometheus_allow_http: true for a lab only" in output
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_the_http_opt_out_sends_the_token_but_pins_no_ca(tmp_path):
+    inventory = control_plane_inventory(tmp_path, {"cp-1": "10.20.0.11"})
+    opt_out = {"gpu_extender_prometheus_url": "http://127.0.0.1:9090", "gpu_extender_prometheus_allow_http": True}
+    rendered = render_extender(tmp_path, inventory, opt_out)
+    settings = rendered["ConfigMap"]["data"]
+    assert settings["PROMETHEUS_URL"] == "http://127.0.0.1:9090" and "PROMETHEUS_CA_FILE" not in settings
+    assert settings["PROMETHEUS_TOKEN_FILE"] == "/etc/gpufleet/prometheus-token/token"
+    volumes = {v["name"] for v in rendered["Deployment"]["spec"]["template"]["spec"]["volumes"]}
+    assert "prometheus-token" in volumes and "prometheus-ca" not in volumes
