@@ -119,9 +119,15 @@ lint: venv collection-link
 	ruff format --check .
 	ansible-lint --profile production
 
-# mypy --strict over the extender package and plugins/module_utils (settings and the list of modules not yet clean
-# in mypy.ini).
+# mypy --strict over the extender package and plugins/module_utils (mypy.ini). mypy checks plugins/module_utils as
+# gpufleet_extender.mig_utils, the name the extender's wheel gives it, through a link under build/mypy; so the
+# simulator's calls into the layout library are typed. The link is made only when missing or wrong (as
+# collection-link), since make test runs steps side by side.
+MYPY_LAYOUT_LINK := build/mypy/gpufleet_extender/mig_utils
 typecheck: venv
+	@mkdir -p $(dir $(MYPY_LAYOUT_LINK))
+	@[ "$$(readlink $(MYPY_LAYOUT_LINK))" = ../../../plugins/module_utils ] || \
+	  ln -sfn ../../../plugins/module_utils $(MYPY_LAYOUT_LINK)
 	mypy
 
 build: venv
