@@ -10,8 +10,8 @@ from gpufleet_extender.config import load_settings
 from gpufleet_extender.errors import ExtenderError
 from gpufleet_extender.metrics_source import FileSource
 from gpufleet_extender.simulate.errors import SimulationError
-from gpufleet_extender.simulate.fleet import fleet_from_yaml, parse_sharing
-from gpufleet_extender.simulate.relayout import pools_from_inventory_data
+from gpufleet_extender.simulate.fleet import Fleet, fleet_from_yaml, parse_sharing
+from gpufleet_extender.simulate.relayout import pools_from_fleet
 from gpufleet_extender.simulate.trace import normalise_resource
 from gpufleet_extender.wire import decode_args
 
@@ -34,4 +34,4 @@ def test_the_simulators_errors_share_one_root(tmp_path):
     with pytest.raises(SimulationError, match=r"is not nvidia\.com/gpu"):
         normalise_resource("tpu")
     with pytest.raises(SimulationError, match="no MIG pool"):
-        pools_from_inventory_data({"_meta": {"hostvars": {}}})
+        pools_from_fleet(Fleet(()))

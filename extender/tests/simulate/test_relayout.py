@@ -9,14 +9,16 @@ import pytest
 
 from gpufleet_extender.mig_utils.placement import minimum_destroyed_keeping
 from gpufleet_extender.simulate import relayout
+from gpufleet_extender.simulate.fleet import FleetError, fleet_from_inventory_data
 from gpufleet_extender.simulate.relayout import (
     HOUR,
     Pod,
     PoolModel,
     day_trace,
     gpus_needed,
-    pools_from_inventory_data,
+    pools_from_fleet,
     run_pool,
+    time_sliced,
 )
 from gpufleet_extender.simulate.verdict import goal_lines
 
@@ -118,34 +120,59 @@ def test_the_day_trace_shifts_shape_and_is_the_same_for_a_seed():
     assert [p.number for p in pods] == list(range(len(pods))) and pods == sorted(pods, key=lambda p: p.arrival)
 
 
-def test_pools_come_from_the_inventory_layouts_exactly_placed():
-    data = {
+def _inventory(**img_vars):
+    return {
         "_meta": {
             "hostvars": {
                 "img-1": {
                     "gpufleet_tenant": "imagegen",
                     "gpufleet_gpus_per_node": 2,
                     "mig_partition_config": [{"devices": "all", "mig_enabled": True, "mig_devices": {"3g.40gb": 2}}],
+                    **img_vars,
                 },
                 "llm-1": {"gpufleet_tenant": "llm", "mig_partition_config": [{"devices": "all", "mig_enabled": False}]},
                 "cp": {},
             }
         }
     }
-    assert pools_from_inventory_data(data) == {"imagegen": [TWO_3G, TWO_3G]}
+
+
+def test_pools_come_from_the_fleet_readers_layouts_exactly_placed():
+    # The pools are read by the placement simulator's inventory reader (fleet.py), not by a reader of their own.
+    assert pools_from_fleet(fleet_from_inventory_data(_inventory())) == {"imagegen": [TWO_3G, TWO_3G]}
+    whole_gpus_only = _inventory()
+    del whole_gpus_only["_meta"]["hostvars"]["img-1"]
     with pytest.raises(relayout.RelayoutError, match="no MIG pool"):
-        pools_from_inventory_data({"_meta": {"hostvars": {"cp": {}}}})
-    # Each host's gpufleet_gpu_product counts (the fleet simulator's reading): an H200 pool is named, not modelled
-    # as an H100 one; an unknown product is refused with the layout library's message.
-    img = data["_meta"]["hostvars"]["img-1"]
-    img["gpufleet_gpu_product"] = "NVIDIA H100 80GB HBM3"
-    assert pools_from_inventory_data(data) == {"imagegen": [TWO_3G, TWO_3G]}
-    img["gpufleet_gpu_product"] = "NVIDIA H200"
+        pools_from_fleet(fleet_from_inventory_data(whole_gpus_only))
+    # Each host's gpufleet_gpu_product counts: an H200 pool is named, not modelled as an H100 one; an unknown
+    # product is refused by the reader with the layout library's message, under the variable's name.
+    h100 = _inventory(gpufleet_gpu_product="NVIDIA H100 80GB HBM3")
+    assert pools_from_fleet(fleet_from_inventory_data(h100)) == {"imagegen": [TWO_3G, TWO_3G]}
+    h200_layout = [{"devices": "all", "mig_enabled": True, "mig_devices": {"3g.71gb": 2}}]
+    h200 = fleet_from_inventory_data(_inventory(gpufleet_gpu_product="NVIDIA H200", mig_partition_config=h200_layout))
     with pytest.raises(relayout.RelayoutError, match=r"^img-1: gpufleet_gpu_product NVIDIA H200: the re-layout model"):
-        pools_from_inventory_data(data)
-    img["gpufleet_gpu_product"] = "NVIDIA T4"
-    with pytest.raises(relayout.RelayoutError, match=r"^img-1: gpufleet_gpu_product: "):
-        pools_from_inventory_data(data)
+        pools_from_fleet(h200)
+    with pytest.raises(FleetError, match=r"^img-1: gpufleet_gpu_product: "):
+        fleet_from_inventory_data(_inventory(gpufleet_gpu_product="NVIDIA T4"))
+
+
+def test_time_sliced_pools_are_named_not_ignored():
+    # The pool's sharing, as the fleet reader reads gpufleet_tenants; the model holds one pod per instance, so the
+    # run names the pools it simulates as exclusive (its first report line and results.json's parameters).
+    data = _inventory(gpufleet_tenants={"imagegen": {"sharing": {"3g.40gb": 2}}})
+    fleet = fleet_from_inventory_data(data)
+    pools = pools_from_fleet(fleet)
+    assert time_sliced(fleet, pools) == {"imagegen": {"3g.40gb": 2}}
+    assert time_sliced(fleet_from_inventory_data(_inventory()), pools) == {}
+    comparison = relayout.compare(
+        pools,
+        [_pod(0, "3g.40gb", 0, 60, tenant="imagegen")],
+        search=False,
+        parameters={"time_sliced_as_exclusive": time_sliced(fleet, pools)},
+    )
+    assert relayout.format_report(comparison)[1] == (
+        "Time-sliced in the inventory, simulated with one pod per instance: imagegen 3g.40gb x2"
+    )
 
 
 def test_goals_are_worded_like_the_simulators_with_figures():

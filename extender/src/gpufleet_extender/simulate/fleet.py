@@ -30,7 +30,7 @@ import yaml
 
 from gpufleet_extender.mig_utils import names
 from gpufleet_extender.mig_utils.exceptions import MigError
-from gpufleet_extender.mig_utils.layout import memory_gb, node_layout
+from gpufleet_extender.mig_utils.layout import memory_gb, node_layout, product_or_default
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE
 from gpufleet_extender.simulate.errors import SimulationError
 
@@ -52,11 +52,20 @@ class Device:
     memory_gb: float
 
 
+# One GPU as the layout library expands its node's mig_partition_config: its MIG instances as (profile, count),
+# sorted by profile; None where MIG stays off (a whole GPU).
+GpuLayout = tuple[tuple[str, int], ...] | None
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     name: str
     tenant: str | None  # None: a shared node any namespace may use
     devices: tuple[Device, ...]
+    # What the devices were made from, for the models that work below the device (the re-layout places instances):
+    # each GPU's layout and the GPUs' product (gpufleet_gpu_product). Empty for nodes built from devices alone.
+    gpus: tuple[GpuLayout, ...] = ()
+    product: str | None = None
 
     def devices_of(self, resource: str) -> tuple[Device, ...]:
         return tuple(d for d in self.devices if d.resource == resource)
@@ -136,27 +145,44 @@ def product_memory_gb(product: str | None) -> float:
     return float(match.group(1)) if match else DEFAULT_GPU_MEMORY_GB
 
 
-def node_devices(config: Any, gpu_count: int, product: str | None, where: str) -> tuple[Device, ...]:
-    """The devices a node advertises for its ``mig_partition_config`` (mixed strategy); None: all whole GPUs.
+def node_gpus(
+    config: Any, gpu_count: int, product: str | None, where: str, product_key: str = "gpufleet_gpu_product"
+) -> tuple[GpuLayout, ...]:
+    """Each GPU's layout for a node's ``mig_partition_config``; None: all whole GPUs.
 
-    The layout is validated and expanded by ``node_layout``, as the nvidia_mig module would on the node; a GPU no
-    entry selects keeps MIG off (a whole GPU).
+    The layout is validated and expanded by ``node_layout``, as the nvidia_mig module would on the node, against the
+    product's profiles; a GPU no entry selects keeps MIG off (a whole GPU). A product without a profile table is
+    named by its own key (``product_key``), not as a layout problem.
     """
     if config is None:
-        layout: list[dict[str, int] | None] = [None] * gpu_count
-    else:
-        try:
-            layout = node_layout(config, gpu_count, product)
-        except MigError as exc:
-            raise FleetError(f"{where}: mig_partition_config: {exc.message}") from None
+        return (None,) * gpu_count
+    try:
+        product_or_default(product)
+    except MigError as exc:
+        raise FleetError(f"{where}: {product_key}: {exc.message}") from None
+    try:
+        layout = node_layout(config, gpu_count, product)
+    except MigError as exc:
+        raise FleetError(f"{where}: mig_partition_config: {exc.message}") from None
+    return tuple(None if counts is None else tuple(sorted(counts.items())) for counts in layout)
+
+
+def node_devices(config: Any, gpu_count: int, product: str | None, where: str) -> tuple[Device, ...]:
+    """The devices a node advertises for its ``mig_partition_config`` (mixed strategy); None: all whole GPUs."""
+    return gpu_devices(node_gpus(config, gpu_count, product, where), product)
+
+
+def gpu_devices(gpus: tuple[GpuLayout, ...], product: str | None) -> tuple[Device, ...]:
+    """The devices the device plugin's mixed strategy advertises for these GPUs: a whole GPU as nvidia.com/gpu, each
+    MIG instance as nvidia.com/mig-<profile>."""
     gpu_memory_gb = product_memory_gb(product)
     devices: list[Device] = []
-    for index, instances in enumerate(layout):
+    for index, instances in enumerate(gpus):
         if instances is None:
             devices.append(Device(f"gpu{index}", WHOLE_GPU_RESOURCE, gpu_memory_gb))
             continue
         number = 0
-        for profile, count in sorted(instances.items()):
+        for profile, count in instances:
             memory = profile_memory_gb(profile)
             for _ in range(count):
                 devices.append(Device(f"gpu{index}/mig{number}", names.mig_resource(profile), memory))
@@ -185,8 +211,10 @@ def fleet_from_inventory_data(data: Mapping[str, Any], source: str = "") -> Flee
         if "mig_partition_config" not in hv:
             continue  # not a GPU node (control plane)
         gpu_count = _gpu_count(hv.get("gpufleet_gpus_per_node", 8), host)
-        devices = node_devices(hv["mig_partition_config"], gpu_count, hv.get("gpufleet_gpu_product"), host)
-        nodes.append(Node(str(hv.get("gpufleet_node_name") or host), hv.get("gpufleet_tenant"), devices))
+        product = hv.get("gpufleet_gpu_product")
+        gpus = node_gpus(hv["mig_partition_config"], gpu_count, product, host)
+        name = str(hv.get("gpufleet_node_name") or host)
+        nodes.append(Node(name, hv.get("gpufleet_tenant"), gpu_devices(gpus, product), gpus, product))
     if not nodes:
         raise FleetError(f"{source or 'inventory'}: no host has a mig_partition_config (no GPU nodes to simulate)")
     return Fleet(tuple(nodes), namespace_tenants, source=source, sharing=sharing)
@@ -255,9 +283,10 @@ def fleet_from_yaml(path: str | Path) -> Fleet:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise FleetError(f"{where}: count must be a whole number >= 1, got {count!r}")
         gpu_count = _gpu_count(entry.get("gpus", 8), where)
-        devices = node_devices(entry.get("mig_partition_config"), gpu_count, product, where)
+        gpus = node_gpus(entry.get("mig_partition_config"), gpu_count, product, where, "gpu_product")
+        devices = gpu_devices(gpus, product)
         names = [str(entry["name"])] if count == 1 else [f"{entry['name']}-{i:02d}" for i in range(1, count + 1)]
-        nodes.extend(Node(name, entry.get("tenant"), devices) for name in names)
+        nodes.extend(Node(name, entry.get("tenant"), devices, gpus, product) for name in names)
     if len({n.name for n in nodes}) != len(nodes):
         raise FleetError(f"fleet file {file_path}: node names must be unique")
     namespaces = document.get("namespaces") or {}

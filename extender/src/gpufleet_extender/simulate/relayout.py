@@ -36,12 +36,13 @@ from typing import Any
 
 from gpufleet_extender.mig_utils.advisor import AdviceError, CurrentInstance, GpuNow, advise
 from gpufleet_extender.mig_utils.exceptions import MigError
-from gpufleet_extender.mig_utils.layout import node_layout, product_or_default
+from gpufleet_extender.mig_utils.layout import product_or_default
+from gpufleet_extender.mig_utils.names import mig_resource
 from gpufleet_extender.mig_utils.placement import minimum_destroyed_keeping
 from gpufleet_extender.mig_utils.planner import Catalog, validate_target
 from gpufleet_extender.mig_utils.profile_tables import H100_80GB
 from gpufleet_extender.simulate.errors import SimulationError
-from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, FleetError, read_inventory
+from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, Fleet, FleetError, fleet_from_inventory
 
 H100 = Catalog.from_table(H100_80GB)
 HOUR = 3600.0
@@ -128,45 +129,59 @@ def day_trace(
 # --- the pools -------------------------------------------------------------------------------------------------
 
 
-def inventory_pools(inventory: str | Path = DEFAULT_INVENTORY) -> dict[str, list[Layout]]:
-    """Tenant -> per-GPU layouts (exact placements, as nvidia_mig places them on an empty GPU) of every node whose
-    GPUs are all MIG-enabled, read with the fleet simulator's reader (``fleet.read_inventory``) and expanded by the
-    layout library for each host's ``gpufleet_gpu_product`` (the model covers H100 80GB pools, and says so for
-    others)."""
+def inventory_fleet(inventory: str | Path = DEFAULT_INVENTORY) -> Fleet:
+    """The inventory as the placement simulator reads it (``fleet.fleet_from_inventory``, the one inventory reader:
+    hosts, tenant pools, each host's ``gpufleet_gpu_product`` and layout, the pools' sharing)."""
     try:
-        data = read_inventory(inventory)
+        return fleet_from_inventory(inventory)
     except FleetError as exc:
         raise RelayoutError(str(exc)) from None
-    return pools_from_inventory_data(data)
 
 
-def pools_from_inventory_data(data: Mapping[str, Any]) -> dict[str, list[Layout]]:
-    hostvars: Mapping[str, Mapping[str, Any]] = (data.get("_meta") or {}).get("hostvars") or {}
+def inventory_pools(inventory: str | Path = DEFAULT_INVENTORY) -> dict[str, list[Layout]]:
+    """Tenant -> per-GPU layouts of the inventory's MIG pools (``pools_from_fleet``)."""
+    return pools_from_fleet(inventory_fleet(inventory))
+
+
+def pools_from_fleet(fleet: Fleet) -> dict[str, list[Layout]]:
+    """Tenant -> per-GPU layouts (exact placements, as nvidia_mig places them on an empty GPU) of every tenant node
+    whose GPUs are all MIG-enabled. The model covers H100 80GB pools, and names a pool of another product."""
     pools: dict[str, list[Layout]] = {}
-    for host in sorted(hostvars):
-        hv = hostvars[host]
-        if "mig_partition_config" not in hv or not hv.get("gpufleet_tenant"):
-            continue
-        product = hv.get("gpufleet_gpu_product")
+    for node in fleet.nodes:
+        mig_gpus = [gpu for gpu in node.gpus if gpu is not None]
+        if not node.tenant or not node.gpus or len(mig_gpus) != len(node.gpus):
+            continue  # shared nodes, whole GPUs: not a MIG pool
         try:
-            table = product_or_default(product)
+            table = product_or_default(node.product)
         except MigError as exc:
-            raise RelayoutError(f"{host}: gpufleet_gpu_product: {exc.message}") from None
+            raise RelayoutError(f"{node.name}: gpufleet_gpu_product: {exc.message}") from None
         if table.product != H100_80GB.product:  # the model's advisor calls and reference work on H100 catalogs
             raise RelayoutError(
-                f"{host}: gpufleet_gpu_product {table.product}: the re-layout model covers {H100_80GB.product} pools"
+                f"{node.name}: gpufleet_gpu_product {table.product}: the re-layout model covers "
+                f"{H100_80GB.product} pools"
             )
         try:
-            counts = node_layout(hv["mig_partition_config"], hv.get("gpufleet_gpus_per_node", 8), product)
-            if any(c is None for c in counts):
-                continue  # whole GPUs: not a MIG pool
-            layouts = [[(s.profile, s.start) for s in validate_target(c or {}, H100, host)] for c in counts]
+            layouts = [
+                [(slot.profile, slot.start) for slot in validate_target(dict(gpu), H100, node.name)] for gpu in mig_gpus
+            ]
         except MigError as exc:
-            raise RelayoutError(f"{host}: mig_partition_config: {exc.message}") from None
-        pools.setdefault(str(hv["gpufleet_tenant"]), []).extend(layouts)
+            raise RelayoutError(f"{node.name}: mig_partition_config: {exc.message}") from None
+        pools.setdefault(node.tenant, []).extend(layouts)
     if not pools:
         raise RelayoutError("the inventory has no MIG pool (no tenant node with every GPU MIG-enabled)")
     return pools
+
+
+def time_sliced(fleet: Fleet, pools: Mapping[str, Sequence[Layout]]) -> dict[str, dict[str, int]]:
+    """Tenant -> {profile: replicas} of the pools' MIG profiles the fleet time-slices (the pool's ``sharing``). The
+    model holds one pod per instance, so these pools are simulated as if exclusive; the run says so."""
+    shared: dict[str, dict[str, int]] = {}
+    for tenant, layouts in sorted(pools.items()):
+        for profile in sorted({profile for layout in layouts for profile, _ in layout}):
+            replicas = fleet.replicas_for(tenant, mig_resource(profile))
+            if replicas > 1:
+                shared.setdefault(tenant, {})[profile] = replicas
+    return shared
 
 
 def scaled_pool(layouts: Sequence[Layout], gpus: int) -> list[Layout]:
@@ -636,6 +651,14 @@ def format_report(comparison: Comparison) -> list[str]:
         f"{'tenant':10} {'mode':9} {'GPUs':>4} {'pods':>6} {'never':>5} {'pending pod-min':>15} {'wait p95':>9} "
         f"{'max wait':>9} {'disturbed':>9} {'re-layouts':>10} {'destroyed (min)':>15} {'created':>7}",
     ]
+    shared = p.get("time_sliced_as_exclusive") or {}
+    if shared:
+        pools = "; ".join(
+            f"{tenant} " + ", ".join(f"{profile} x{replicas}" for profile, replicas in profiles.items())
+            for tenant, profiles in shared.items()
+        )
+        # The model holds one pod per instance: say which pools that understates, before the figures.
+        lines.insert(1, f"Time-sliced in the inventory, simulated with one pod per instance: {pools}")
     for mode, runs in comparison.runs.items():
         for tenant, run in runs.items():
             above = run.above_minimum
@@ -675,10 +698,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("relayout: --every, --wait-bound and --hours must be above 0, --scale in (0, 1]", file=sys.stderr)
         return 2
     try:
+        fleet = inventory_fleet(args.inventory)
         pools = {
-            t: layouts[: max(1, round(len(layouts) * args.scale))]
-            for t, layouts in inventory_pools(args.inventory).items()
+            t: layouts[: max(1, round(len(layouts) * args.scale))] for t, layouts in pools_from_fleet(fleet).items()
         }
+        shared = time_sliced(fleet, pools)
         pods = day_trace(hours=args.hours, seed=args.seed, scale=args.scale)
         comparison = compare(
             pools,
@@ -692,6 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "scale": args.scale,
                 "inventory": args.inventory,
                 "streams": [asdict(s) for s in DAY_STREAMS],
+                "time_sliced_as_exclusive": shared,
             },
             progress=None if args.quiet else lambda text: print(f"relayout: {text}", file=sys.stderr),
         )
