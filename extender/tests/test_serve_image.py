@@ -1,13 +1,18 @@
 """The serve image (extender/Dockerfile) drops the lab from the installed package: the simulator, the conformance
 generator and the layout library (mig_utils: NVML, its simulator, the kubelet's gRPC stubs). The server must start
 without them: here they are made unimportable in a fresh interpreter, the app is built and answers, and the CLI
-leaves the simulate command out."""
+leaves the simulate command out. And where they are installed, the serve path must not load them (sys.modules), so
+that the boundary cannot rot behind an image that happens to be built rarely."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 DROPPED = ("gpufleet_extender.simulate", "gpufleet_extender.mig_utils", "gpufleet_extender.conformance")
 
@@ -40,3 +45,83 @@ def test_the_server_runs_without_the_lab():
     ran = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=False)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.splitlines() == ["['check-config', 'serve']", "200", "[]"]
+
+
+# What `gpufleet-extender serve` loads, in an installation that has the lab (the development venv): the command
+# itself with uvicorn's loop stopped before it listens, then the app it built answering a probe and both verbs with
+# kube-scheduler's captured bodies (a lazy import on a request counts too). The boundary the image relies on: the
+# serve path loads none of the lab, so deleting it from the image (the Dockerfile's rm) removes nothing the server
+# uses. It is checked where the lab is importable, so that an import of it cannot go unseen.
+SERVE_PATH = textwrap.dedent(
+    """
+    import importlib.util, json, sys
+    import uvicorn
+
+    LAB = ("gpufleet_extender.simulate", "gpufleet_extender.conformance", "gpufleet_extender.mig_utils", "grpc")
+
+    def lab(name):
+        last = name.rsplit(".", 1)[-1]
+        return (
+            any(name == root or name.startswith(root + ".") for root in LAB)
+            or last == "nvml_sim"  # the NVML simulator, under any package name (the collection's too)
+            or last.endswith(("_pb2", "_pb2_grpc"))  # generated gRPC / protobuf stubs
+        )
+
+    served = []
+
+    def run_without_listening(self, sockets=None):
+        served.append(self.config.app)
+        for sock in sockets or ():
+            sock.close()
+
+    uvicorn.Server.run = run_without_listening
+    from gpufleet_extender import cli
+
+    status = cli.main(["serve", "--host", "127.0.0.1", "--port", "0"])
+    from fastapi.testclient import TestClient
+
+    answers = {"serve": status}
+    with TestClient(served[0]) as client:
+        answers["/healthz"] = client.get("/healthz").status_code
+        for verb in ("filter", "prioritize"):
+            body = open(f"{sys.argv[1]}/mig-job.{verb}.json", "rb").read()
+            answers[f"/{verb}"] = client.post(f"/{verb}", content=body).status_code
+    loaded = sorted(filter(lab, sys.modules))
+    # Only now: find_spec of a submodule imports its package.
+    lab_modules = (
+        "gpufleet_extender.simulate",
+        "gpufleet_extender.conformance",
+        "gpufleet_extender.mig_utils.nvml_sim",
+    )
+    importable = [name for name in lab_modules if importlib.util.find_spec(name) is not None]
+    print(json.dumps({"importable": importable, "answers": answers, "lab_loaded": loaded}))
+    """
+)
+
+
+def test_the_serve_path_loads_none_of_the_lab():
+    captures = Path(__file__).parent / "data" / "kube-scheduler"
+    env = {**os.environ, "KUBE_API": "off", "PROMETHEUS_URL": "http://127.0.0.1:9"}
+    ran = subprocess.run(
+        [sys.executable, "-c", SERVE_PATH, str(captures)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    result = json.loads(ran.stdout.splitlines()[-1])
+    # The lab is installed here (otherwise nothing below could fail), serve built its app, and the app answered.
+    assert len(result["importable"]) == 3, result["importable"]
+    assert result["answers"] == {"serve": 0, "/healthz": 200, "/filter": 200, "/prioritize": 200}
+    assert result["lab_loaded"] == []
+
+
+def test_the_image_deletes_what_these_tests_take_away():
+    # The Dockerfile's `rm -r "$package/..."` and DROPPED name the same packages: a part added to the lab and left in
+    # the image, or dropped from the image but not from the test, fails here.
+    dockerfile = (Path(__file__).parents[1] / "Dockerfile").read_text(encoding="utf-8")
+    (rm_line,) = [line for line in dockerfile.splitlines() if "rm -r" in line and "$package/" in line]
+    deleted = re.findall(r'"\$package/([\w.]+)"', rm_line)
+    assert sorted(f"gpufleet_extender.{name.removesuffix('.py')}" for name in deleted) == sorted(DROPPED)
