@@ -292,3 +292,55 @@ def test_repeated_candidate_list_answers_stay_right_after_the_metrics_change(cli
         time.sleep(0.1)
     flipped = {e["Host"]: e["Score"] for e in client.post("/prioritize", json=request).json()}
     assert flipped["hk-gpu-02"] > flipped["hk-gpu-01"]
+
+
+def test_nodes_stale_while_others_are_fresh_show_on_readyz_the_gauge_and_the_log(tmp_path, caplog):
+    """One exporter behind (its samples 45 s old against a maximum of 30 s) while the others are fresh: the extender
+    is not blind, yet decisions use no metrics for that node, and ON_MISSING_METRICS=allow passes it hot."""
+    from extender_helpers import render_exposition
+
+    now_ms = int(time.time() * 1000)
+    fresh = render_exposition({k: v for k, v in FLEET.items() if k != "hk-gpu-02"}, timestamp_ms=now_ms)
+    behind = render_exposition({"hk-gpu-02": FLEET["hk-gpu-02"]}, timestamp_ms=now_ms - 45_000)
+    body_lines = [line for line in behind.splitlines() if not line.startswith("#")]
+    path = tmp_path / "dcgm.prom"
+    path.write_text(fresh + "\n".join(body_lines) + "\n")
+    settings = file_settings(path, METRICS_REFRESH_SECONDS=0.05)
+    with caplog.at_level("WARNING", logger="gpufleet_extender.service"), TestClient(create_app(settings)) as client:
+        time.sleep(0.3)  # several refreshes: a lasting state is logged once until BLIND_WARN_EVERY_SECONDS
+        ready = client.get("/readyz").json()
+        metrics = client.get("/metrics").text
+        result = client.post("/filter", json=names_args(GPU_POD, ["hk-gpu-02"])).json()
+    assert ready["metrics_blind"] is False
+    assert ready["metrics_stale_nodes"] == 1 and ready["metrics_stale_node_names"] == ["hk-gpu-02"]
+    assert "gpufleet_extender_metrics_stale_nodes 1.0" in metrics
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "nodes" in r.getMessage()]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("decisions use no GPU metrics for 1 of 3 nodes (ON_MISSING_METRICS=allow)")
+    assert "older than METRICS_MAX_AGE_SECONDS 30 (the oldest 45s) on hk-gpu-02" in warnings[0]
+    assert result["NodeNames"] == ["hk-gpu-02"]  # every GPU of it at 0.85 or more, passed for want of metrics
+
+
+def test_stale_nodes_log_names_a_few_and_counts_all_and_says_when_it_ends(caplog):
+    from gpufleet_extender.service import BLIND_WARN_EVERY_SECONDS, BlindnessLog, StaleNodes
+
+    now = [0.0]
+    blindness = BlindnessLog(clock=lambda: now[0])
+    seven = StaleNodes(7, 100, 44.6, ("a", "b", "c", "d", "e"), 30.0)
+    with caplog.at_level("WARNING", logger="gpufleet_extender.service"):
+        for step, stale in ((0.0, seven), (1.0, seven), (BLIND_WARN_EVERY_SECONDS + 0.5, seven)):
+            now[0] = step
+            blindness.observe(None, "allow", stale)
+        blindness.observe("no GPU metrics loaded", "allow", seven)  # the whole fleet: the blind line, not this one
+        blindness.observe(None, "allow", StaleNodes(0, 100, 0.0, (), 30.0))
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    partial = (
+        "decisions use no GPU metrics for 7 of 100 nodes (ON_MISSING_METRICS=allow): samples older than "
+        "METRICS_MAX_AGE_SECONDS 30 (the oldest 45s) on a, b, c, d, e and 2 more"
+    )
+    assert lines == [
+        partial,
+        partial,
+        "decisions use no GPU metrics (ON_MISSING_METRICS=allow): no GPU metrics loaded",
+        "decisions use GPU metrics again",
+    ]

@@ -6,10 +6,18 @@ package gpuscore
 // WARNING log line on each change and every blindWarnEvery while it lasts, and a Warning event (reason
 // GPUMetricsBlind) on the pods placed blind, at most one per blindWarnEvery. The extender does the same
 // (service.Extender.blind_reason, /readyz's metrics_blind).
+//
+// Blind for some nodes only: their newest sample is older than metricsMaxAgeSeconds while other nodes' are fresh
+// (one exporter or scrape shard behind, or refreshes so slow that the oldest shard ages out before they land).
+// The fleet is not blind, yet onMissingMetrics decides for those nodes: scheduler_gpuscore_metrics_stale_nodes
+// counts them and a WARNING names a few, on each change and every blindWarnEvery while it lasts
+// (service.Extender.stale_nodes, /readyz's metrics_stale_nodes).
 
 import (
 	"fmt"
 	"math"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -37,12 +45,21 @@ var (
 		Help:           "Refreshes of GPUScore's metrics snapshot that failed (Prometheus unreachable, too slow, or refusing the query).",
 		StabilityLevel: metrics.ALPHA,
 	})
+	metricsStaleNodes = metrics.NewGauge(&metrics.GaugeOpts{
+		Subsystem:      "scheduler_gpuscore",
+		Name:           "metrics_stale_nodes",
+		Help:           "Nodes whose newest GPU sample is older than metricsMaxAgeSeconds while others' are not: decisions use no metrics there (onMissingMetrics decides). 0 while the whole snapshot is stale (that is scheduler_gpuscore_metrics_blind).",
+		StabilityLevel: metrics.ALPHA,
+	})
 	registerMetrics sync.Once
 )
 
+// staleNodesNamed is how many stale nodes the log names (the count is always whole).
+const staleNodesNamed = 5
+
 // RegisterMetrics adds GPUScore's metrics to the scheduler's /metrics (once per process).
 func RegisterMetrics() {
-	registerMetrics.Do(func() { legacyregistry.MustRegister(metricsBlind, refreshFailures) })
+	registerMetrics.Do(func() { legacyregistry.MustRegister(metricsBlind, refreshFailures, metricsStaleNodes) })
 }
 
 // BlindReason says why decisions use no metrics at now ("" while they use some): no node in the snapshot, or its
@@ -60,12 +77,41 @@ func BlindReason(s *Snapshot, p *Policy, now float64, lastError string) string {
 	return reason
 }
 
+// StaleNodes is service.Extender.stale_nodes: the nodes whose newest sample is older than the policy's maximum age
+// while the snapshot as a whole is fresh (none when it is not: that is BlindReason's case), with a description
+// naming the first staleNodesNamed by name.
+func StaleNodes(s *Snapshot, p *Policy, now float64) (count int, description string) {
+	if p.MaxAgeSeconds == 0 || len(s.Nodes) == 0 || now-s.NewestSample > p.MaxAgeSeconds {
+		return 0, ""
+	}
+	limit, oldest := now-p.MaxAgeSeconds, math.Inf(1)
+	var stale []string
+	for name, node := range s.Nodes {
+		if node.SampleTime < limit {
+			stale = append(stale, name)
+			oldest = math.Min(oldest, node.SampleTime)
+		}
+	}
+	if len(stale) == 0 {
+		return 0, ""
+	}
+	sort.Strings(stale)
+	named, more := stale, ""
+	if len(stale) > staleNodesNamed {
+		named, more = stale[:staleNodesNamed], fmt.Sprintf(" and %d more", len(stale)-staleNodesNamed)
+	}
+	return len(stale), fmt.Sprintf("samples older than metricsMaxAgeSeconds %g (the oldest %.0fs) on %s%s",
+		p.MaxAgeSeconds, now-oldest, strings.Join(named, ", "), more)
+}
+
 // blindness is the refresher's record of it: the current reason (read by PreFilter without a lock) and when it
 // was last logged and last shown on a pod.
 type blindness struct {
 	reason    atomic.Pointer[string]
 	mu        sync.Mutex
 	warned    float64 // when the current state was last logged
+	stale     int     // nodes blind while others are not, as last observed
+	staleAt   float64 // when that was last logged
 	lastEvent atomic.Uint64
 }
 
@@ -95,6 +141,22 @@ func (b *blindness) observe(reason string, onMissing string, now float64) {
 	} else {
 		metricsBlind.Set(0)
 	}
+}
+
+// observeStale records the nodes blind while others are not (StaleNodes) after a refresh that left the fleet
+// not blind: WARNING when their count changes and every blindWarnEvery while it lasts, and when it ends.
+func (b *blindness) observeStale(count int, description string, of int, onMissing string, now float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case count > 0 && (count != b.stale || now-b.staleAt >= blindWarnEvery):
+		klog.Warningf("GPUScore: decisions use no GPU metrics for %d of %d nodes (onMissingMetrics %s): %s", count, of, onMissing, description)
+		b.staleAt = now
+	case count == 0 && b.stale > 0:
+		klog.Warningf("GPUScore: every node's GPU metrics are within metricsMaxAgeSeconds again")
+	}
+	b.stale = count
+	metricsStaleNodes.Set(float64(count))
 }
 
 // eventDue says whether a pod placed now should carry a Warning event (one per blindWarnEvery at most).

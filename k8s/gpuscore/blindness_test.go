@@ -62,3 +62,51 @@ func TestBlindEventsAreRateLimited(t *testing.T) {
 		t.Error("one event per blindWarnEvery")
 	}
 }
+
+// One node behind while the others are fresh: counted and named, not blind; the whole snapshot stale is BlindReason's.
+func TestStaleNodesCountsNodesAgedOutWhileOthersAreFresh(t *testing.T) {
+	policy := &Policy{MaxAgeSeconds: 30}
+	snapshot := fleet(100, map[string][]float64{"a": {0.1}, "b": {0.1}, "c": {0.1}, "d": {0.1}, "e": {0.1}, "f": {0.1}, "g": {0.1}})
+	snapshot.NewestSample = 100
+	if count, _ := StaleNodes(snapshot, policy, 110); count != 0 {
+		t.Errorf("all fresh: %d stale", count)
+	}
+	for _, name := range []string{"g", "b", "f", "a", "e", "d"} {
+		snapshot.Nodes[name].SampleTime = 60
+	}
+	snapshot.Nodes["d"].SampleTime = 55
+	count, description := StaleNodes(snapshot, policy, 100)
+	want := "samples older than metricsMaxAgeSeconds 30 (the oldest 45s) on a, b, d, e, f and 1 more"
+	if count != 6 || description != want {
+		t.Errorf("got %d %q, want 6 %q", count, description, want)
+	}
+	if count, _ := StaleNodes(snapshot, policy, 131); count != 0 {
+		t.Errorf("the whole snapshot stale is blindness, not %d stale nodes", count)
+	}
+	if count, _ := StaleNodes(snapshot, &Policy{}, 1e9); count != 0 {
+		t.Errorf("maxAge 0 never ages: %d", count)
+	}
+}
+
+func TestRefresherReportsStaleNodesInItsMetric(t *testing.T) {
+	RegisterMetrics()
+	now := nowSeconds()
+	source := &fakeSource{snapshot: fleet(now, map[string][]float64{"fresh": {0.1}, "behind": {0.95}})}
+	source.snapshot.Nodes["behind"].SampleTime = now - 45
+	source.snapshot.NewestSample = now
+	args := DefaultArgs()
+	r := NewRefresher(source, 1, args.Policy())
+	r.RefreshOnce(context.Background())
+	if value, _ := testutil.GetGaugeMetricValue(metricsStaleNodes); value != 1 {
+		t.Errorf("scheduler_gpuscore_metrics_stale_nodes = %v with one node 45 s old", value)
+	}
+	if reason := r.BlindReason(); reason != "" {
+		t.Errorf("one stale node is not blindness: %q", reason)
+	}
+	source.snapshot = fleet(nowSeconds(), map[string][]float64{"fresh": {0.1}, "behind": {0.95}})
+	source.snapshot.NewestSample = nowSeconds()
+	r.RefreshOnce(context.Background())
+	if value, _ := testutil.GetGaugeMetricValue(metricsStaleNodes); value != 0 {
+		t.Errorf("scheduler_gpuscore_metrics_stale_nodes = %v once every node is fresh", value)
+	}
+}

@@ -286,7 +286,10 @@ func (r *Refresher) View() *View { return r.current.Load() }
 // logged at WARNING when they change, never returned to the scheduler.
 func (r *Refresher) RefreshOnce(ctx context.Context) bool {
 	answered := r.refresh(ctx)
-	r.blind.observe(BlindReason(r.View().Snapshot, &r.policy, nowSeconds(), r.lastError), r.policy.missingPolicyName(), nowSeconds())
+	snapshot, now := r.View().Snapshot, nowSeconds()
+	r.blind.observe(BlindReason(snapshot, &r.policy, now, r.lastError), r.policy.missingPolicyName(), now)
+	stale, description := StaleNodes(snapshot, &r.policy, now)
+	r.blind.observeStale(stale, description, len(snapshot.Nodes), r.policy.missingPolicyName(), now)
 	return answered
 }
 

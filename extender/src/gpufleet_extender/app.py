@@ -119,13 +119,14 @@ def create_app(
             extender.metrics_age,
             lambda: extender.ready() and not refused(),
             lambda: extender.blind_reason() is not None,
+            lambda: extender.stale_nodes().count,
         )
         app.state.extender = extender
         extenders.append(extender)
         blindness = BlindnessLog()
 
         def watch_blindness() -> None:
-            blindness.observe(extender.blind_reason(), extender.policy.missing_policy_name)
+            blindness.observe(extender.blind_reason(), extender.policy.missing_policy_name, extender.stale_nodes())
 
         task = asyncio.create_task(refresher.run(after=watch_blindness), name="metrics-refresher")
         with contextlib.suppress(TimeoutError):

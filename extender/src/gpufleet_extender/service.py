@@ -19,6 +19,7 @@ import math
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from itertools import compress, islice
 from operator import attrgetter, not_
 from typing import Any, Final, TypeVar
@@ -238,6 +239,30 @@ def _still_true(table: DecisionTable, epoch: int, basis: AnswerBasis) -> bool:
 
 
 BLIND_WARN_EVERY_SECONDS = 60.0  # a lasting blindness is logged again this often
+STALE_NODES_NAMED = 5  # how many stale nodes /readyz and the log name (the count is always whole)
+
+
+@dataclass(frozen=True, slots=True)
+class StaleNodes:
+    """Nodes whose newest GPU sample is older than METRICS_MAX_AGE_SECONDS while other nodes' are not: decisions use
+    no metrics there (ON_MISSING_METRICS decides), though the extender as a whole is not blind. Typical causes: one
+    exporter or scrape shard behind, or refreshes so slow that the oldest shard's samples age out before they land."""
+
+    count: int
+    of: int  # nodes in the snapshot
+    oldest_age: float  # seconds
+    named: tuple[str, ...]  # the first STALE_NODES_NAMED, by name
+    max_age: float
+
+    def describe(self) -> str:
+        more = f" and {self.count - len(self.named)} more" if self.count > len(self.named) else ""
+        return (
+            f"samples older than METRICS_MAX_AGE_SECONDS {self.max_age:g} (the oldest {self.oldest_age:.0f}s) on "
+            f"{', '.join(self.named)}{more}"
+        )
+
+
+NO_STALE_NODES = StaleNodes(0, 0, 0.0, (), 0.0)
 
 
 class BlindnessLog:
@@ -248,8 +273,11 @@ class BlindnessLog:
         self._clock = clock
         self._blind = False
         self._warned = -math.inf
+        self._stale = 0
+        self._stale_warned = -math.inf
 
-    def observe(self, reason: str | None, missing_policy: str) -> None:
+    def observe(self, reason: str | None, missing_policy: str, stale: StaleNodes | None = None) -> None:
+        """``reason``: Extender.blind_reason(); ``stale``: Extender.stale_nodes() (blind there, not elsewhere)."""
         now = self._clock()
         if reason is not None and (not self._blind or now - self._warned >= BLIND_WARN_EVERY_SECONDS):
             log.warning("decisions use no GPU metrics (ON_MISSING_METRICS=%s): %s", missing_policy, reason)
@@ -257,6 +285,23 @@ class BlindnessLog:
         elif reason is None and self._blind:
             log.warning("decisions use GPU metrics again")
         self._blind = reason is not None
+        if reason is not None:  # the line above speaks for every node
+            self._stale = 0
+            return
+        count = stale.count if stale is not None else 0
+        if count and (count != self._stale or now - self._stale_warned >= BLIND_WARN_EVERY_SECONDS):
+            assert stale is not None
+            log.warning(
+                "decisions use no GPU metrics for %d of %d nodes (ON_MISSING_METRICS=%s): %s",
+                count,
+                stale.of,
+                missing_policy,
+                stale.describe(),
+            )
+            self._stale_warned = now
+        elif not count and self._stale:
+            log.warning("every node's GPU metrics are within METRICS_MAX_AGE_SECONDS again")
+        self._stale = count
 
 
 class Extender:
@@ -628,6 +673,22 @@ class Extender:
             reason = f"the newest GPU sample is {age:.0f}s old (METRICS_MAX_AGE_SECONDS {max_age:g})"
         error = self.source_error()
         return f"{reason}; last refresh: {error}" if error else reason
+
+    def stale_nodes(self) -> StaleNodes:
+        """The nodes decisions hold no usable metrics for while others are fresh (NO_STALE_NODES when none, or when
+        the whole snapshot is stale: that is blind_reason's case)."""
+        snapshot, max_age = self._snapshot(), self.policy.max_age_seconds
+        if max_age == 0 or not snapshot.nodes:
+            return NO_STALE_NODES
+        now = self._clock()
+        if snapshot.age(now) > max_age:
+            return NO_STALE_NODES
+        limit = now - max_age
+        stale = sorted(name for name, node in snapshot.nodes.items() if node.sample_time < limit)
+        if not stale:
+            return NO_STALE_NODES
+        oldest = min(snapshot.nodes[name].sample_time for name in stale)
+        return StaleNodes(len(stale), len(snapshot.nodes), now - oldest, tuple(stale[:STALE_NODES_NAMED]), max_age)
 
     def ready(self) -> bool:
         """Ready once the first snapshot is in, while its newest sample is fresh or the policy lets nodes without

@@ -71,6 +71,13 @@ class Telemetry:
             "1 while decisions use no GPU metrics (none loaded, or all older than METRICS_MAX_AGE_SECONDS).",
             registry=self.registry,
         )
+        self.metrics_stale_nodes = Gauge(
+            "gpufleet_extender_metrics_stale_nodes",
+            "Nodes whose newest GPU sample is older than METRICS_MAX_AGE_SECONDS while others' are not: decisions "
+            "use no metrics there (ON_MISSING_METRICS decides). 0 while the whole snapshot is stale (that is "
+            "gpufleet_extender_metrics_blind).",
+            registry=self.registry,
+        )
         self.kube_api_errors = Counter(
             "gpufleet_extender_kube_api_errors_total",
             "Failed lists and watches of the Kubernetes API, per kind and HTTP status (error: no HTTP answer).",
@@ -121,9 +128,14 @@ class Telemetry:
         child.observe(seconds)
 
     def bind_live_values(
-        self, metrics_age: Callable[[], float], ready: Callable[[], bool], blind: Callable[[], bool] = lambda: False
+        self,
+        metrics_age: Callable[[], float],
+        ready: Callable[[], bool],
+        blind: Callable[[], bool] = lambda: False,
+        stale_nodes: Callable[[], int] = lambda: 0,
     ) -> None:
         """Gauges computed when scraped, so they are right even while nothing else happens."""
         self.metrics_age.set_function(metrics_age)
         self.metrics_ready.set_function(lambda: 1.0 if ready() else 0.0)
         self.metrics_blind.set_function(lambda: 1.0 if blind() else 0.0)
+        self.metrics_stale_nodes.set_function(lambda: float(stale_nodes()))

@@ -2,7 +2,8 @@
 
 /readyz is 503 while metrics are required and missing (ON_MISSING_METRICS=deny), or while the Kubernetes API refuses
 a list or watch the extender needs (``kube_api_errors``: kind -> the API's message). ``metrics_blind`` is true while
-decisions use no GPU metrics at all (none loaded, or all older than METRICS_MAX_AGE_SECONDS), whatever the policy.
+decisions use no GPU metrics at all (none loaded, or all older than METRICS_MAX_AGE_SECONDS), whatever the policy;
+``metrics_stale_nodes`` counts the nodes in that state while others are fresh (``metrics_stale_node_names``: the first).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ router.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
 async def readyz(extender: ExtenderDep, request: Request) -> JSONResponse:
     age = extender.metrics_age()
     blind = extender.blind_reason()
+    stale = extender.stale_nodes()
     # Lists/watches the Kubernetes API refuses (missing RBAC): decisions would ignore what they feed.
     refused: dict[str, str] = getattr(request.app.state, "kube_api_refused", dict)()
     body = {
@@ -38,6 +40,9 @@ async def readyz(extender: ExtenderDep, request: Request) -> JSONResponse:
         # places like a scheduler without it. Not a 503: that would take the extender out of its Service.
         "metrics_blind": blind is not None,
         "metrics_blind_reason": blind,
+        # Blind for some nodes only (their samples aged out while others' did not): the count and the first names.
+        "metrics_stale_nodes": stale.count,
+        "metrics_stale_node_names": list(stale.named),
         "on_missing_metrics": extender.policy.missing_policy_name,
         "metrics_source": extender.settings.METRICS_SOURCE.value,
         "metrics_source_error": extender.source_error(),
