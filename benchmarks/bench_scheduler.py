@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "extender" / "tests"))  # exposition.py, which scheduling.py imports
 
 import httpx  # noqa: E402
-from controlplane import ControlPlane, assets_dir, missing_assets  # noqa: E402
+from controlplane import ControlPlane, ControlPlaneError, assets_dir, missing_assets  # noqa: E402
 from dcgm_fleet import EXPORTER_NAMESPACE, LAYOUTS, FleetPrometheus, make_fleet  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
@@ -124,8 +124,10 @@ def plugin_blindness(port: int) -> str:
     return ("blind" if float(blind.group(1)) else "metrics in use") + failed
 
 
-def run_mode(plane, core, mode: str, run: int, args, workdir: Path, urls: dict, hot: set[str]) -> tuple[float, int]:
-    """(pods/s, pods bound to hot nodes) of one run of `mode`."""
+def run_mode(
+    plane, core, mode: str, run: int, args, workdir: Path, urls: dict, hot: set[str]
+) -> tuple[float, int] | None:
+    """(pods/s, pods bound to hot nodes) of one run of `mode`; None when its scheduler did not start."""
     namespace = f"bench-{mode}-{run}"
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
     # The default ServiceAccount is created by the controller-manager, which does not run here.
@@ -136,7 +138,15 @@ def run_mode(plane, core, mode: str, run: int, args, workdir: Path, urls: dict, 
     config, binary = scheduler_config(mode, workdir, urls, args.prometheus_timeout)
     name = f"scheduler-{mode}-{run}"
     extra = OPEN_METRICS if mode == "plugin" else ()
-    name = plane.start_scheduler(config, binary=binary, name=name, extra_args=extra)
+    # GPUScore refreshes its metrics once before it serves: give that refresh its whole timeout.
+    ready_timeout = 60 + (args.prometheus_timeout or 0) if mode == "plugin" else 60
+    try:
+        name = plane.start_scheduler(config, binary=binary, name=name, extra_args=extra, ready_timeout=ready_timeout)
+    except ControlPlaneError as error:
+        print(f"  {mode:9s} its scheduler did not start, nothing measured: {error}")
+        bindings.stop()
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        return None
     started = time.monotonic()
     complete = bindings.wait(pods, timeout=max(120, pods))
     signal = ""
@@ -222,7 +232,10 @@ def main() -> int:
                     extender, urls["extender"] = start_extender(workdir, env)
                 for run, mode in enumerate(modes):
                     before = handler_times(urls["extender"]) if mode == "extender" else {}
-                    rate, on_hot = run_mode(plane, core, mode, run, args, workdir, urls, fleet.hot)
+                    measured = run_mode(plane, core, mode, run, args, workdir, urls, fleet.hot)
+                    if measured is None:
+                        continue
+                    rate, on_hot = measured
                     rates.setdefault(mode, []).append(rate)
                     blind[mode] = blind.get(mode, 0) + on_hot
                     if mode == "extender":

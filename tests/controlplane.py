@@ -350,10 +350,12 @@ class ControlPlane:
         binary: str = "kube-scheduler",
         name: str | None = None,
         extra_args: tuple[str, ...] = (),
+        ready_timeout: float = 60,
     ) -> str:
         """A scheduler (kube-scheduler, or gpufleet-scheduler with the GPUScore plugin) with `config`, a
         KubeSchedulerConfiguration (the default profile when None), run as component `name` (default: binary);
-        `extra_args` are added to its command line. Its port: `ports[name]`."""
+        `extra_args` are added to its command line. Its port: `ports[name]`. Raises ControlPlaneError (with its
+        log's tail) when it exits or does not serve /healthz within `ready_timeout` seconds."""
         name = name or binary
         config = dict(config or {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"})
         connection = dict(config.get("clientConnection") or {})
@@ -379,7 +381,7 @@ class ControlPlane:
             ],
             binary=binary,
         )
-        self._wait(name, lambda: self._https_healthz(port))
+        self._wait(name, lambda: self._https_healthz(port), timeout=ready_timeout)
         return name
 
     @staticmethod
