@@ -76,11 +76,7 @@ func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Durat
 func (p *PrometheusSource) PinCA(caFile string) error {
 	pem, err := os.ReadFile(caFile)
 	if err != nil {
-		var pathErr *fs.PathError
-		if errors.As(err, &pathErr) {
-			err = pathErr.Err
-		}
-		return fmt.Errorf("prometheusCAFile: cannot read %s: %v", caFile, err)
+		return fmt.Errorf("prometheusCAFile: cannot read %s: %v", caFile, withoutPath(err))
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
@@ -104,11 +100,7 @@ func (p *PrometheusSource) authorization() (string, error) {
 	}
 	raw, err := os.ReadFile(p.tokenFile)
 	if err != nil {
-		var pathErr *fs.PathError
-		if errors.As(err, &pathErr) {
-			err = pathErr.Err
-		}
-		return "", fmt.Errorf("cannot read prometheusTokenFile %s: %v", p.tokenFile, err)
+		return "", fmt.Errorf("cannot read prometheusTokenFile %s: %v", p.tokenFile, withoutPath(err))
 	}
 	token := strings.TrimSpace(string(raw))
 	if token == "" {
@@ -118,6 +110,15 @@ func (p *PrometheusSource) authorization() (string, error) {
 		return "", fmt.Errorf("prometheusTokenFile %s holds more than one line (one token expected)", p.tokenFile)
 	}
 	return "Bearer " + token, nil
+}
+
+// withoutPath is a file error without the "open <path>:" its message would repeat (the messages name the file).
+func withoutPath(err error) error {
+	var pathErr *fs.PathError
+	if errors.As(err, &pathErr) {
+		return pathErr.Err
+	}
+	return err
 }
 
 // DecisionLabels are the labels a decision reads besides the node's (BuildSnapshot), as the extender's
