@@ -81,7 +81,15 @@ def scheduler_config(mode: str, workdir: Path, urls: dict[str, str | None], time
         )
         binary = "kube-scheduler"
     else:
-        extra = {"gpu_extender_prometheus_url": urls["prometheus"]}
+        # The benchmark's Prometheus speaks plain http without auth: the role's explicit opt-out, and a token file
+        # here (the role's path exists only in the pod; this Prometheus ignores the token).
+        token_file = workdir / "prometheus-token"
+        token_file.write_text("bench-token\n")
+        extra = {
+            "gpu_extender_prometheus_url": urls["prometheus"],
+            "kube_scheduler_prometheus_allow_http": True,
+            "kube_scheduler_plugin_extra_args": {"prometheusTokenFile": str(token_file)},
+        }
         if timeout is not None:
             extra["gpu_extender_prometheus_timeout_seconds"] = timeout
         config = rendered_scheduler_config(workdir / "render-plugin", kube_scheduler_mode="plugin", **extra)

@@ -209,6 +209,18 @@ def test_a_pinned_prometheus_ca_needs_an_https_url():
         check_settings({**https, "PROMETHEUS_URL": "http://p:9090"})
 
 
+def test_a_file_setting_of_the_wrong_type_is_listed_with_the_others_not_a_traceback():
+    # pydantic's Path error (path_type) is not a core error type: raised again with the rules, it used to be a KeyError.
+    with pytest.raises(SettingsError) as refused:
+        check_settings({"PROMETHEUS_CA_FILE": 3, "PROMETHEUS_TOKEN_FILE": ["/t"], "WEIGHT_GPU_UTIL": 0.5})
+    assert str(refused.value).splitlines() == [
+        "invalid extender settings:",
+        "  PROMETHEUS_CA_FILE: Input is not a valid path for <class 'pathlib.Path'>",
+        "  PROMETHEUS_TOKEN_FILE: Input is not a valid path for <class 'pathlib.Path'>",
+        "  settings: WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got 0.5 + 0.3 = 0.8)",
+    ]
+
+
 def test_serve_with_an_unusable_prometheus_ca_exits_2_with_the_reason(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PROMETHEUS_URL", "https://127.0.0.1:9")
     monkeypatch.setenv("PROMETHEUS_CA_FILE", str(tmp_path / "missing.crt"))

@@ -80,6 +80,10 @@ def test_vectors_cover_shared_resources_and_interference():
     assert None in pods and any(isinstance(n, int) and n > 1 for n in pods)
     assert any(not a["valid"] and "sharedResources" in a["args"] for a in vectors["args"])
     assert any(not a["valid"] and "interferenceWeight" in a["args"] for a in vectors["args"])
+    # The metrics path: the CA-needs-https rule, and a token file with and without a CA.
+    assert any(not a["valid"] and "prometheusCAFile" in a["args"] for a in vectors["args"])
+    files = ("prometheusCAFile", "prometheusTokenFile")
+    assert any(a["valid"] and all(a["args"].get(f) for f in files) for a in vectors["args"])
 
 
 def test_arg_names_cover_the_settings_that_change_decisions():
@@ -88,8 +92,6 @@ def test_arg_names_cover_the_settings_that_change_decisions():
     not_for_the_plugin = {"METRICS_SOURCE", "METRICS_FILE", "MAX_BODY_BYTES", "KUBE_API", "FILTER_REASONS"}
     # The shared-memory rule is the extender's only, so far: off (0) by default and in every vector, and the Go plugin
     # does not read it (docs/simulator.md says so). Giving it a plugin argument means implementing it in Go.
-    # The Prometheus CA and token files decide how to connect, not what to decide; GPUScore's own args for them are
-    # still to come (issue 27, the metrics path): until then the plugin has neither.
-    extender_only = {"SHARED_MEM_FREE_MIN", "PROMETHEUS_CA_FILE", "PROMETHEUS_TOKEN_FILE"}
+    extender_only = {"SHARED_MEM_FREE_MIN"}
     assert set(conformance.ARG_NAMES) == set(conformance.Settings.model_fields) - not_for_the_plugin - extender_only
     assert conformance.Settings.model_fields["SHARED_MEM_FREE_MIN"].default == 0.0

@@ -82,6 +82,8 @@ def test_every_argument_has_the_json_type_of_its_go_field():
     }
     strings = {
         "prometheusURL",
+        "prometheusCAFile",
+        "prometheusTokenFile",
         "exporterJob",
         "exporterNamespace",
         "tenantLabel",
@@ -120,3 +122,16 @@ def test_the_argument_names_are_the_plugins():
     source = (Path(__file__).resolve().parents[2] / "k8s" / "gpuscore" / "args.go").read_text(encoding="utf-8")
     struct = source[source.index("type Args struct {") : source.index("\n}\n", source.index("type Args struct {"))]
     assert set(re.findall(r'`json:"(\w+)"`', struct)) == set(ARG_NAMES.values())
+
+
+def test_the_prometheus_ca_and_token_files_as_the_plugin_reads_them():
+    https = {"prometheusURL": "https://prometheus.monitoring.svc:9090"}
+    files = {"prometheusCAFile": "/etc/gpufleet/prometheus-ca/ca.crt", "prometheusTokenFile": "/etc/t/token"}
+    assert check_plugin_args({**https, **files}) == []
+    # A CA pins an https certificate only; a token may go over http (a lab's explicit opt-out).
+    assert check_plugin_args({**files, "prometheusURL": "http://p:9090"}) == [
+        'prometheusCAFile needs an https:// prometheusURL (got "http://p:9090")'
+    ]
+    assert check_plugin_args({"prometheusURL": "http://p:9090", "prometheusTokenFile": "/etc/t/token"}) == []
+    # Empty is Go's zero value, no file: not the path "." (which would break the CA rule over http).
+    assert check_plugin_args({"prometheusCAFile": "", "prometheusTokenFile": ""}) == []

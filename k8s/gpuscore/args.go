@@ -20,6 +20,12 @@ import (
 type Args struct {
 	PrometheusURL            string  `json:"prometheusURL"`            // PROMETHEUS_URL
 	PrometheusTimeoutSeconds float64 `json:"prometheusTimeoutSeconds"` // PROMETHEUS_TIMEOUT_SECONDS
+	// PROMETHEUS_CA_FILE: PEM CA that Prometheus' certificate must chain to, the only one trusted (https only;
+	// "": the system's CAs). Read once at start: an unreadable file or one without a certificate stops the scheduler.
+	PrometheusCAFile string `json:"prometheusCAFile"`
+	// PROMETHEUS_TOKEN_FILE: file holding the bearer token sent with every query, re-read at each refresh so that a
+	// rotated token (a Secret the kubelet updates in place) is used without a restart ("": no token).
+	PrometheusTokenFile string `json:"prometheusTokenFile"`
 	// EXPORTER_JOB, EXPORTER_NAMESPACE: dcgm series only from this scrape job and namespace ("": any).
 	ExporterJob           string  `json:"exporterJob"`
 	ExporterNamespace     string  `json:"exporterNamespace"`
@@ -268,6 +274,10 @@ func (a *Args) problems() []string {
 		a.AutoPackBelow+a.AutoHysteresis >= 1 {
 		problems = append(problems, fmt.Sprintf("autoPackBelow + autoHysteresis must be below 1 (got %g + %g): auto would never spread",
 			a.AutoPackBelow, a.AutoHysteresis))
+	}
+	// A CA pins an https certificate; over http there is none to check, and the pin would only look like one.
+	if valid("prometheusURL") && a.PrometheusCAFile != "" && !strings.HasPrefix(a.PrometheusURL, "https://") {
+		problems = append(problems, fmt.Sprintf("prometheusCAFile needs an https:// prometheusURL (got %q)", a.PrometheusURL))
 	}
 	return problems
 }

@@ -56,11 +56,19 @@ var (
 // New builds GPUScore from its args; invalid args stop the scheduler with the list of problems.
 func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
 	args, problems := ParseArgs(obj)
+	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds),
+		args.MetricsMaxClockSkewSeconds, ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
+	// The CA file is read here, at start, and its problem listed with the others: a scheduler that would query
+	// Prometheus unpinned, or not at all, does not start.
+	if args.PrometheusCAFile != "" {
+		if err := source.PinCA(args.PrometheusCAFile); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
 	if err := joined(problems); err != nil {
 		return nil, fmt.Errorf("invalid %s args: %w", Name, err)
 	}
-	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds),
-		args.MetricsMaxClockSkewSeconds, ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
+	source.UseTokenFile(args.PrometheusTokenFile)
 	plugin := newPlugin(args, source)
 	RegisterMetrics()
 	if handle != nil {

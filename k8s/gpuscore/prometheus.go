@@ -3,16 +3,23 @@ package gpuscore
 // Metrics off the scheduling path: Refresher polls Prometheus every metricsRefreshSeconds in its own goroutine
 // and swaps in an immutable view; Filter and Score only load the current pointer. The queries are the
 // extender's (metrics_source.PrometheusSource): the dcgm series, and the newest sample time per node, since an
-// instant query's own timestamp is the evaluation time, not the scrape's.
+// instant query's own timestamp is the evaluation time, not the scrape's. Over https with prometheusCAFile,
+// Prometheus' certificate must chain to that CA alone; prometheusTokenFile's bearer token is re-read at each refresh,
+// so a rotated token is used from the next refresh on.
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +38,7 @@ type PrometheusSource struct {
 	nodeLabels  []string
 	seriesQuery string
 	timesQuery  string
+	tokenFile   string // "": no Authorization header
 }
 
 // ExporterMatchers pins series to the exporter's scrape job and namespace: `job="x",namespace="y"` ("" for
@@ -60,6 +68,57 @@ func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Durat
 		seriesQuery: series,
 		timesQuery:  times,
 	}
+}
+
+// PinCA makes Prometheus' certificate chain to the PEM CA(s) in caFile and to nothing else (not the system's CAs):
+// whoever captures Prometheus' address (a Service with externalIPs) cannot answer with fake load. The error, for
+// an unreadable file or one without a PEM certificate, is meant for the person who set prometheusCAFile.
+func (p *PrometheusSource) PinCA(caFile string) error {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return fmt.Errorf("prometheusCAFile: cannot read %s: %v", caFile, withoutPath(err))
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("prometheusCAFile: no PEM certificate in %s", caFile)
+	}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	p.client = &http.Client{Transport: transport}
+	return nil
+}
+
+// UseTokenFile sends the token in tokenFile as `Authorization: Bearer` with every query, read again at each
+// refresh ("": none).
+func (p *PrometheusSource) UseTokenFile(tokenFile string) { p.tokenFile = tokenFile }
+
+// authorization is this refresh's Authorization header value ("" without a token file). Its errors name the
+// file, never the token.
+func (p *PrometheusSource) authorization() (string, error) {
+	if p.tokenFile == "" {
+		return "", nil
+	}
+	raw, err := os.ReadFile(p.tokenFile)
+	if err != nil {
+		return "", fmt.Errorf("cannot read prometheusTokenFile %s: %v", p.tokenFile, withoutPath(err))
+	}
+	token := strings.TrimSpace(string(raw))
+	if token == "" {
+		return "", fmt.Errorf("prometheusTokenFile %s is empty", p.tokenFile)
+	}
+	if strings.ContainsAny(token, "\r\n") {
+		return "", fmt.Errorf("prometheusTokenFile %s holds more than one line (one token expected)", p.tokenFile)
+	}
+	return "Bearer " + token, nil
+}
+
+// withoutPath is a file error without the "open <path>:" its message would repeat (the messages name the file).
+func withoutPath(err error) error {
+	var pathErr *fs.PathError
+	if errors.As(err, &pathErr) {
+		return pathErr.Err
+	}
+	return err
 }
 
 // DecisionLabels are the labels a decision reads besides the node's (BuildSnapshot), as the extender's
@@ -103,10 +162,13 @@ func (s promSample) value() (float64, bool) {
 	return v, err == nil
 }
 
-func (p *PrometheusSource) query(ctx context.Context, promql string) ([]promSample, error) {
+func (p *PrometheusSource) query(ctx context.Context, promql, authorization string) ([]promSample, error) {
 	request, err := http.NewRequestWithContext(ctx, http.MethodGet, p.baseURL+"/api/v1/query?query="+url.QueryEscape(promql), nil)
 	if err != nil {
 		return nil, err
+	}
+	if authorization != "" {
+		request.Header.Set("Authorization", authorization)
 	}
 	response, err := p.client.Do(request)
 	if err != nil {
@@ -140,14 +202,18 @@ func (p *PrometheusSource) query(ctx context.Context, promql string) ([]promSamp
 // Fetch queries both vectors and builds the snapshot numbered version.
 func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*Snapshot, error) {
 	queriedAt := nowSeconds()
+	authorization, err := p.authorization() // once per refresh: both queries carry the same token
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	var series, times []promSample
 	var seriesErr, timesErr error
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); series, seriesErr = p.query(ctx, p.seriesQuery) }()
-	go func() { defer wg.Done(); times, timesErr = p.query(ctx, p.timesQuery) }()
+	go func() { defer wg.Done(); series, seriesErr = p.query(ctx, p.seriesQuery, authorization) }()
+	go func() { defer wg.Done(); times, timesErr = p.query(ctx, p.timesQuery, authorization) }()
 	wg.Wait()
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("Prometheus did not answer both queries within prometheusTimeoutSeconds (%gs)", p.timeout.Seconds())

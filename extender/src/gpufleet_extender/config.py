@@ -25,11 +25,11 @@ from decimal import Decimal
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gpufleet_extender.errors import ExtenderError
@@ -228,7 +228,7 @@ class Settings(BaseSettings):
         try:
             settings = handler(data)
         except ValidationError as exc:
-            errors: list[Any] = list(exc.errors())
+            errors: list[Any] = [_rebuildable(e) for e in exc.errors()]
             bad = {str(e["loc"][0]) for e in errors if e["loc"]}
             rule_errors = [_rule_error(p) for p in rule_problems(valid_rule_fields(data, bad))]
             raise ValidationError.from_exception_data(exc.title, errors + rule_errors) from None
@@ -321,6 +321,17 @@ def rule_problems(values: Mapping[str, Any], name: Name = _setting_name) -> list
             if problem:
                 problems.append(problem)
     return problems
+
+
+_CORE_ERROR_TYPES = frozenset(get_args(core_schema.ErrorType))
+
+
+def _rebuildable(error: Any) -> Any:
+    """An error ValidationError.from_exception_data can raise again: pydantic's own custom errors (a Path field given
+    a number: path_type) are not core error types, so they go back as custom errors with their message."""
+    if error["type"] in _CORE_ERROR_TYPES:
+        return error
+    return {"type": PydanticCustomError(error["type"], error["msg"]), "loc": error["loc"], "input": error["input"]}
 
 
 def _rule_error(problem: str) -> InitErrorDetails:

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from gpufleet_extender.config import MappingOnlySettings, Settings, SettingsError
 from gpufleet_extender.metrics_source import PrometheusSource
 from gpufleet_extender.plugin_args import ARG_NAMES as ARG_NAMES  # re-exported: the names the vectors use
-from gpufleet_extender.plugin_args import SETTING_NAMES, check_plugin_args
+from gpufleet_extender.plugin_args import SETTING_NAMES, UNSET_WHEN_EMPTY, check_plugin_args
 from gpufleet_extender.pods import ResourceRequest, pod_gpu_request
 from gpufleet_extender.scoring import (
     Mode,
@@ -73,7 +73,10 @@ def settings_of(args: dict[str, Any]) -> Settings:
     if unknown:
         raise SettingsError(f"unknown arguments {unknown}")
     try:
-        return MappingOnlySettings(**{SETTING_NAMES[name]: value for name, value in args.items()})
+        settings = {SETTING_NAMES[name]: value for name, value in args.items()}
+        return MappingOnlySettings(
+            **{name: value for name, value in settings.items() if not (value == "" and name in UNSET_WHEN_EMPTY)}
+        )
     except ValidationError as exc:
         raise SettingsError(str(exc)) from None
 
@@ -435,6 +438,19 @@ def _args_cases(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
         {"weightGPUUtil": 0.6, "weightMemUtil": 0.3, "onMissingMetrics": "ignore", "metricsRefreshSeconds": 1e7},
         {"sharedResources": {"example.com/fpga": 2, "nvidia.com/mig-1g.10gb": 65}},
         {"prometheusURL": 'prometheus:9090\n"x"', "scoringStrategy": "Spread"},
+        # The metrics path: a CA pins an https certificate only; a token goes over http too (a lab's opt-out).
+        {
+            "prometheusURL": "https://prometheus.monitoring.svc:9090",
+            "prometheusCAFile": "/etc/gpufleet/prometheus-ca/ca.crt",
+            "prometheusTokenFile": "/etc/gpufleet/prometheus-token/token",
+        },
+        {"prometheusCAFile": "/etc/gpufleet/prometheus-ca/ca.crt"},
+        {"prometheusURL": "http://prometheus:9090/", "prometheusCAFile": "ca.crt", "prometheusTokenFile": "token"},
+        {"prometheusURL": "http://prometheus:9090", "prometheusTokenFile": "/etc/gpufleet/prometheus-token/token"},
+        {"prometheusURL": "prometheus:9090", "prometheusCAFile": "/ca.crt"},
+        {"prometheusCAFile": "", "prometheusTokenFile": ""},
+        {"prometheusCAFile": None, "prometheusTokenFile": None},
+        {"prometheusCAFile": 3, "prometheusTokenFile": ["/token"], "prometheusURL": "https://p:9090"},
     ]
     yield from ({"args": args} for args in fixed)
     ranges = {

@@ -31,6 +31,8 @@ from gpufleet_extender.config import (
 ARG_NAMES = {
     "PROMETHEUS_URL": "prometheusURL",
     "PROMETHEUS_TIMEOUT_SECONDS": "prometheusTimeoutSeconds",
+    "PROMETHEUS_CA_FILE": "prometheusCAFile",
+    "PROMETHEUS_TOKEN_FILE": "prometheusTokenFile",
     "EXPORTER_JOB": "exporterJob",
     "EXPORTER_NAMESPACE": "exporterNamespace",
     "GPU_UTIL_THRESHOLD": "gpuUtilThreshold",
@@ -53,6 +55,8 @@ ARG_NAMES = {
     "INTERFERENCE_WEIGHT": "interferenceWeight",
 }
 SETTING_NAMES = {arg: setting for setting, arg in ARG_NAMES.items()}
+# File settings that are unset in the plugin when empty (Go's zero value), where Settings would read "" as the path ".".
+UNSET_WHEN_EMPTY = frozenset({"PROMETHEUS_CA_FILE", "PROMETHEUS_TOKEN_FILE"})
 
 # The JSON type each argument decodes from in Go (the Args struct's field types), and how a problem says it.
 _NUMBER, _STRING, _BOOL, _STRINGS, _REPLICAS = (
@@ -67,6 +71,7 @@ _KINDS = {
     "NODE_NAME_LABELS": _STRINGS,
     "SHARED_RESOURCES": _REPLICAS,
     **{s: _STRING for s in ("PROMETHEUS_URL", "EXPORTER_JOB", "EXPORTER_NAMESPACE", "TENANT_LABEL")},
+    **{s: _STRING for s in ("PROMETHEUS_CA_FILE", "PROMETHEUS_TOKEN_FILE")},
     **{s: _STRING for s in ("ON_MISSING_METRICS", "SCORING_STRATEGY")},
 }
 
@@ -89,7 +94,8 @@ def _has_kind(value: Any, kind: str) -> bool:
 
 def _decoded(args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Settings values from args, as Go's JSON decoding reads them: a null list or mapping is empty, a null number
-    or string keeps the default, an unknown name or a wrong type is a problem (and the default stays)."""
+    or string keeps the default, an unknown name or a wrong type is a problem (and the default stays); an empty file
+    name is no file, as in Go."""
     values: dict[str, Any] = {}
     problems: list[str] = []
     for arg in sorted(args):
@@ -103,6 +109,8 @@ def _decoded(args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
                 values[setting] = [] if kind == _STRINGS else {}
         elif not _has_kind(value, kind):
             problems.append(f"{arg}: must be {kind}")
+        elif value == "" and setting in UNSET_WHEN_EMPTY:
+            continue
         else:
             values[setting] = value
     return values, problems

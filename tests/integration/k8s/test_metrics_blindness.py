@@ -76,11 +76,17 @@ def test_the_extender_shows_blindness_on_readyz_its_gauge_and_log(prometheus, tm
 def test_the_plugin_shows_blindness_in_its_metric_an_event_and_its_log(control_plane, core, prometheus, namespace):
     _, slow = prometheus
     namespace, bindings = namespace
+    # The test's Prometheus speaks plain http: the role's explicit opt-out, and a token file of the test's own (this
+    # Prometheus ignores it; the role's path exists only in the pod).
+    token_file = control_plane.workdir / "blind-prometheus-token"
+    token_file.write_text("blind-test-token\n")
     config = rendered_scheduler_config(
         control_plane.workdir / "render-blind",
         kube_scheduler_mode="plugin",
+        kube_scheduler_prometheus_allow_http=True,
         kube_scheduler_plugin_extra_args={
             "prometheusURL": slow,
+            "prometheusTokenFile": str(token_file),
             "prometheusTimeoutSeconds": TIMEOUT,
             "metricsRefreshSeconds": 1,
         },

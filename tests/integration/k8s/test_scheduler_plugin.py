@@ -4,11 +4,14 @@ instances are all above the threshold, and a burst spreads because Reserve count
 any sample shows it.
 
 GPUScore reads Prometheus; a small fake Prometheus on 127.0.0.1 answers its two instant queries from a
-dcgm-exporter exposition (the same series the extender's tests use)."""
+dcgm-exporter exposition (the same series the extender's tests use), over https with a certificate from a CA of its
+own and only to the bearer token in its token file, as the role deploys the plugin (a pinned CA, a token of its
+own)."""
 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from dataclasses import replace
@@ -17,7 +20,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 from conftest import wait_for
-from controlplane import assets_dir, missing_assets
+from controlplane import assets_dir, missing_assets, serving_files
 from gpufleet_extender.metrics_source import parse_exposition
 from scheduling import create_nodes, create_pods, gpu_pod, rendered_scheduler_config, write_mig_metrics
 
@@ -35,14 +38,28 @@ SCHEDULER = "gpufleet-scheduler"
 
 
 class FakePrometheus:
-    """/api/v1/query for GPUScore's two queries: the dcgm series, and the newest sample time per node."""
+    """/api/v1/query for GPUScore's two queries: the dcgm series, and the newest sample time per node. https with a
+    certificate `ca` issued; a request without `Bearer <token>` (the token file's content) gets 401."""
 
     def __init__(self, workdir):
         self.workdir = workdir
         self.samples = []
+        pki = serving_files(workdir / "prometheus-pki", "prometheus", ("127.0.0.1",))
+        self.ca = pki["ca.crt"]
+        self.token_file = workdir / "prometheus-token"
+        self.rotate_token("first-token")
+        self.authorizations: list[str] = []  # the Authorization header of every query, in order
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pki["tls.crt"], pki["tls.key"])
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def rotate_token(self, token: str) -> None:
+        """A new token, accepted from now on (the old one no more), written where the plugin reads it."""
+        self.token = token
+        self.token_file.write_text(token + "\n")
 
     def set_loads(self, loads: dict[str, list[float]], pods: dict[str, list[int]] | None = None) -> None:
         """Instance loads per node; `pods`: how many pods hold each instance (time-slicing), one series per pod
@@ -78,10 +95,16 @@ class FakePrometheus:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
                 query = parse_qs(urlparse(self.path).query).get("query", [""])[0]
-                body = json.dumps(
-                    {"status": "success", "data": {"resultType": "vector", "result": prometheus.answer(query)}}
-                ).encode()
-                self.send_response(200)
+                authorization = self.headers.get("Authorization", "")
+                prometheus.authorizations.append(authorization)
+                if authorization != f"Bearer {prometheus.token}":
+                    body = json.dumps({"status": "error", "errorType": "unauthorized", "error": "bad token"}).encode()
+                    self.send_response(401)
+                else:
+                    body = json.dumps(
+                        {"status": "success", "data": {"resultType": "vector", "result": prometheus.answer(query)}}
+                    ).encode()
+                    self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -119,15 +142,22 @@ def shared_plugin_scheduler(control_plane, prometheus, tmp_path):
 
 
 def _plugin_scheduler(control_plane, prometheus, tmp_path, **role_vars):
+    # The role's https URL, CA and token args; the files where this test keeps them (in the pod: the mounts).
     config = rendered_scheduler_config(
         tmp_path / "render",
         kube_scheduler_mode="plugin",
-        kube_scheduler_plugin_extra_args={"prometheusURL": prometheus.url, "metricsRefreshSeconds": 1},
+        kube_scheduler_prometheus_url=prometheus.url,
+        kube_scheduler_plugin_extra_args={
+            "prometheusCAFile": str(prometheus.ca),
+            "prometheusTokenFile": str(prometheus.token_file),
+            "metricsRefreshSeconds": 1,
+        },
         **role_vars,
     )
     profile = config["profiles"][0]
     assert profile["schedulerName"] == SCHEDULER and "extenders" not in config
     assert profile["plugins"]["reserve"] == {"enabled": [{"name": "GPUScore"}]}
+    assert profile["pluginConfig"][0]["args"]["prometheusURL"].startswith("https://")
     name = control_plane.start_scheduler(
         config, binary="gpufleet-scheduler", name=f"gpufleet-scheduler-{tmp_path.name}"
     )
@@ -171,6 +201,37 @@ def test_mig_pods_bind_to_the_coolest_node_and_never_to_a_hot_one(core, promethe
     messages = wait_for(refusals, timeout=60, what="a FailedScheduling event naming the threshold")
     assert any(f"{hot}: no {RESOURCE} instance below thresholds" in message for message in messages), messages
     assert hot not in placed
+
+
+def test_the_plugin_reads_prometheus_with_its_token_and_follows_a_rotation(
+    core, prometheus, plugin_scheduler, namespace
+):
+    namespace, bindings = namespace
+    pool = {"gpufleet.test/scheduling": "plugin-token"}
+    a, b = "plugin-token-a", "plugin-token-b"
+    create_nodes(core, [a, b], {RESOURCE: "2"}, labels=pool)
+    prometheus.set_loads({a: [0.1, 0.1], b: [0.95, 0.95]})
+    time.sleep(2.5)
+    # Every query so far carried the token, over https with the pinned CA (a refused handshake sends no query).
+    assert prometheus.authorizations and set(prometheus.authorizations) == {"Bearer first-token"}
+    make_pods(core, namespace, ["before-rotation"], pool)
+    assert bindings.wait(1, timeout=60), "the first pod was not bound"
+    assert bindings.bound["before-rotation"][0] == a
+
+    # The kubelet rewrites a rotated Secret in place; the plugin re-reads the file at its next refresh. The loads
+    # swap at the same time: only a refresh that Prometheus answered (the new token) sends the next pod to b.
+    prometheus.rotate_token("second-token")
+    prometheus.set_loads({a: [0.95, 0.95], b: [0.1, 0.1]})
+    rotated_at = len(prometheus.authorizations)
+    wait_for(
+        lambda: "Bearer second-token" in prometheus.authorizations[rotated_at:],
+        timeout=30,
+        what="a query with the rotated token",
+    )
+    time.sleep(2.5)
+    make_pods(core, namespace, ["after-rotation"], pool)
+    assert bindings.wait(2, timeout=60), f"bound: {bindings.bound}"
+    assert bindings.bound["after-rotation"][0] == b
 
 
 def test_a_burst_spreads_through_in_flight_accounting(core, prometheus, plugin_scheduler, namespace):

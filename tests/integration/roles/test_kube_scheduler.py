@@ -297,14 +297,15 @@ def test_lab_renders_the_plugin_scheduler_with_the_extenders_settings(tmp_path):
     assert plugin_config["name"] == "GPUScore"
     # The gpu_extender role's settings under the plugin's names, native types (the plugin decodes strictly).
     args = plugin_config["args"]
-    assert args["prometheusURL"] == "http://prometheus-operated.monitoring.svc:9090"
+    assert args["prometheusURL"] == "https://prometheus-operated.monitoring.svc:9090"
     assert (args["weightGPUUtil"], args["weightMemUtil"], args["gpuUtilThreshold"]) == (0.7, 0.3, 0.8)
     assert args["nodeNameLabels"] == ["Hostname", "hostname"] and args["tenantPools"] is True
     assert args["scoringStrategy"] == "spread" and args["metricsMaxAgeSeconds"] == 30
     assert (args["exporterJob"], args["exporterNamespace"]) == ("dcgm-exporter", "gpufleet-node-agents")
-    # No extender in the profile: nothing of its TLS Secret is mounted (it need not exist).
+    # No extender in the profile: nothing of its TLS Secret is mounted (it need not exist). Prometheus' token and CA
+    # are (test_plugin_queries_prometheus_over_https_with_a_pinned_ca_and_its_own_token).
     volumes = objects(manifests)[("Deployment", "gpufleet-scheduler")]["spec"]["template"]["spec"]["volumes"]
-    assert [v["name"] for v in volumes] == ["config"]
+    assert [v["name"] for v in volumes] == ["config", "prometheus-token", "prometheus-ca"]
 
     deployment = objects(manifests)[("Deployment", "gpufleet-scheduler")]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -391,6 +392,102 @@ def test_plugin_mode_refuses_what_gpufleet_scheduler_would_refuse(tmp_path, extr
     output = render_failure(tmp_path, {"kube_scheduler_mode": "plugin", **extra_vars})
     assert "kube-scheduler would refuse this configuration" in output
     assert message in output
+
+
+# --- plugin mode: the metrics path (Prometheus over https, a pinned CA, a token of its own) ---------------------------
+
+
+def test_plugin_queries_prometheus_over_https_with_a_pinned_ca_and_its_own_token(tmp_path):
+    manifests = render_roles([ROLE], tmp_path)  # the lab: plugin mode, https by default
+    args = scheduler_config(manifests)["profiles"][0]["pluginConfig"][0]["args"]
+    assert args["prometheusURL"] == "https://prometheus-operated.monitoring.svc:9090"
+    assert args["prometheusCAFile"] == "/etc/gpufleet/prometheus-ca/ca.crt"
+    assert args["prometheusTokenFile"] == "/etc/gpufleet/prometheus-token/token"
+    rendered = objects(manifests)
+    pod = rendered[("Deployment", "gpufleet-scheduler")]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["prometheus-ca"] == {
+        "name": "prometheus-ca",
+        "mountPath": "/etc/gpufleet/prometheus-ca",
+        "readOnly": True,
+    }
+    # A directory mount, no subPath: the kubelet updates a rotated token in place.
+    assert mounts["prometheus-token"] == {
+        "name": "prometheus-token",
+        "mountPath": "/etc/gpufleet/prometheus-token",
+        "readOnly": True,
+    }
+    assert volumes["prometheus-ca"]["configMap"] == {
+        "name": "kube-root-ca.crt",
+        "defaultMode": 0o444,
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    assert volumes["prometheus-token"]["secret"] == {
+        "secretName": "gpufleet-scheduler-prometheus",
+        "defaultMode": 0o440,
+        "items": [{"key": "token", "path": "token"}],
+    }
+    # The token's group owns the mounted Secret: the non-root user can read it.
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"] == 65532
+    assert all(doc["kind"] != "Secret" for doc in rendered.values())  # the token is never rendered to a file
+
+
+def test_plugin_takes_the_extenders_prometheus_and_ca_but_keeps_its_own_token(tmp_path):
+    extra = {
+        "gpu_extender_prometheus_url": "https://prometheus.example:9443",
+        "gpu_extender_prometheus_ca_configmap": "prometheus-ca",
+        "gpu_extender_prometheus_ca_key": "ca.pem",
+        "gpu_extender_prometheus_auth_secret": "gpufleet-extender-prometheus",
+    }
+    manifests = render_roles([ROLE], tmp_path, extra_vars=extra)
+    args = scheduler_config(manifests)["profiles"][0]["pluginConfig"][0]["args"]
+    assert args["prometheusURL"] == "https://prometheus.example:9443"
+    volumes = {
+        v["name"]: v
+        for v in objects(manifests)[("Deployment", "gpufleet-scheduler")]["spec"]["template"]["spec"]["volumes"]
+    }
+    assert volumes["prometheus-ca"]["configMap"]["name"] == "prometheus-ca"
+    assert volumes["prometheus-ca"]["configMap"]["items"] == [{"key": "ca.pem", "path": "ca.crt"}]
+    assert volumes["prometheus-token"]["secret"]["secretName"] == "gpufleet-scheduler-prometheus"
+
+
+@pytest.mark.parametrize(
+    "extra_vars",
+    [
+        {"kube_scheduler_prometheus_url": "http://prometheus.monitoring.svc:9090"},
+        # the extender's own opt-out is not the scheduler's
+        {
+            "gpu_extender_prometheus_url": "http://prometheus.monitoring.svc:9090",
+            "gpu_extender_prometheus_allow_http": True,
+        },
+        # nor can extra args slip an http URL past the check
+        {"kube_scheduler_plugin_extra_args": {"prometheusURL": "http://prometheus.monitoring.svc:9090"}},
+    ],
+)
+def test_plain_http_prometheus_is_refused_without_the_opt_out(tmp_path, extra_vars):
+    output = " ".join(render_failure(tmp_path, {"kube_scheduler_mode": "plugin", **extra_vars}).split())
+    assert "GPUScore's prometheusURL (kube_scheduler_prometheus_url, by default gpu_extender_prometheus_url)" in output
+    assert "must be https:// (got http://prometheus.monitoring.svc:9090)" in output
+    assert "set kube_scheduler_prometheus_allow_http: true for a lab only" in output
+
+
+def test_the_http_opt_out_sends_the_token_but_pins_no_ca(tmp_path):
+    extra = {"kube_scheduler_prometheus_url": "http://127.0.0.1:9090", "kube_scheduler_prometheus_allow_http": True}
+    manifests = render_roles([ROLE], tmp_path, extra_vars=extra)
+    args = scheduler_config(manifests)["profiles"][0]["pluginConfig"][0]["args"]
+    assert args["prometheusURL"] == "http://127.0.0.1:9090" and "prometheusCAFile" not in args
+    assert args["prometheusTokenFile"] == "/etc/gpufleet/prometheus-token/token"
+    pod = objects(manifests)[("Deployment", "gpufleet-scheduler")]["spec"]["template"]["spec"]
+    assert [v["name"] for v in pod["volumes"]] == ["config", "prometheus-token"]
+    assert [m["name"] for m in pod["containers"][0]["volumeMounts"]] == ["config", "prometheus-token"]
+
+
+def test_other_modes_mount_nothing_of_prometheus_and_ignore_its_url(tmp_path):
+    # kube-scheduler with the extender queries no Prometheus itself: an http URL there is the extender's business.
+    extra = {"kube_scheduler_mode": "secondary", "kube_scheduler_prometheus_url": "http://prometheus:9090"}
+    pod = objects(render_roles([ROLE], tmp_path, extra_vars=extra))[("Deployment", "gpufleet-scheduler")]
+    assert [v["name"] for v in pod["spec"]["template"]["spec"]["volumes"]] == ["config", "extender-ca"]
 
 
 def test_hongkong_secondary_mode_renders_and_validates(tmp_path):
