@@ -59,28 +59,26 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	if err := joined(problems); err != nil {
 		return nil, fmt.Errorf("invalid %s args: %w", Name, err)
 	}
-	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds),
-		args.MetricsMaxClockSkewSeconds, ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
-	plugin := newPlugin(args, source)
 	RegisterMetrics()
+	plugin := newPluginOn(args, sharedRefresher(ctx, args)) // polled once already, then in the background
 	if handle != nil {
 		plugin.watch(handle)
 		plugin.recorder = handle.EventRecorder()
 	}
-	// One poll before the first pod, as the extender does before serving; then the background loop.
-	plugin.metrics.RefreshOnce(ctx)
-	go plugin.metrics.Run(ctx)
 	return plugin, nil
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 func newPlugin(args Args, source Source) *GPUScore {
-	policy := args.Policy()
+	return newPluginOn(args, NewRefresher(source, seconds(args.MetricsRefreshSeconds), args.Policy()))
+}
+
+func newPluginOn(args Args, metrics *Refresher) *GPUScore {
 	return &GPUScore{
 		args:     args,
-		policy:   policy,
-		metrics:  NewRefresher(source, seconds(args.MetricsRefreshSeconds), policy),
+		policy:   args.Policy(),
+		metrics:  metrics,
 		inflight: NewInflight(args.InflightMaxSeconds),
 		clock:    nowSeconds,
 	}
