@@ -53,6 +53,10 @@ def test_vectors_cover_every_outcome_strategy_and_section():
     assert any(step["changed"] for case in vectors["auto"] for step in case["steps"])
     hosts = {label for case in vectors["prometheus"] for item in case["series"] for label in item["metric"]}
     assert {"Hostname", "hostname", "GPU_I_PROFILE"} <= hosts
+    claims = {verdict[2] for case in vectors["claims"] for verdict in case["expect"].values()}
+    assert claims == {"pass", "overloaded", "missing_metrics_allowed", "missing_metrics_denied"}
+    scores = {verdict[4] for case in vectors["claims"] for verdict in case["expect"].values()}
+    assert 0 in scores and len(scores) > 20  # refused nodes and a spread of combined scores
     assert VECTORS.stat().st_size < 1_000_000
 
 

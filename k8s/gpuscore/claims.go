@@ -6,16 +6,18 @@ package gpuscore
 // itself which devices it would take there (the same structured allocator, slices, classes and allocated state as
 // the DynamicResources plugin), and scores the node by the room for large profiles that choice would take away:
 // the node where first fit fragments the least wins, then the node whose GPU is fullest (packing keeps empty GPUs
-// for whole-GPU and 7g claims).
+// for whole-GPU and 7g claims). Then GPUScore's load rule, on the same snapshot as GPUScore (claimload.go): the
+// node's mean device load takes up to 50 points off, and a node GPUScore would filter (every device at or above
+// the thresholds; missing or stale metrics under onMissingMetrics deny) scores 0.
 //
 // The rules are plugins/module_utils/dra_placement.py's (room, loss, score), checked here through
 // testdata/dra_vectors.json generated from it. A device's GPU and placement are read from the counters it consumes
 // (its counter set, and one memory-slice-<i> counter per memory slice), as NVIDIA's driver publishes them, so no
 // device name is parsed.
 //
-// Limits: it chooses nodes, not devices (the allocator still takes the first fit on the node); devices that
-// consume no memory-slice counters (other drivers, GPUs without MIG) count as no loss; pods without unallocated
-// claims are skipped.
+// Limits: it chooses nodes, not devices (the allocator still takes the first fit on the node); it scores and does
+// not filter (a hot node loses, it is not refused); devices that consume no memory-slice counters (other drivers,
+// GPUs without MIG) count as no loss and bring no load rule; pods without unallocated claims are skipped.
 
 import (
 	"context"
@@ -59,6 +61,9 @@ type ClaimScore struct {
 	handle   fwk.Handle
 	features structured.Features
 	celCache *cel.Cache
+	policy   Policy
+	metrics  *Refresher
+	clock    func() float64
 }
 
 var (
@@ -66,17 +71,34 @@ var (
 	_ fwk.ScorePlugin    = (*ClaimScore)(nil)
 )
 
-// NewClaimScore builds the plugin; it has no args.
-func NewClaimScore(_ context.Context, _ runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
+// NewClaimScore builds the plugin from GPUScore's args (the same names, defaults and checks: the load rule is
+// GPUScore's); with equal args both plugins read one Refresher.
+func NewClaimScore(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
+	args, problems := ParseArgs(obj)
+	source, err := prometheusSourceFor(args)
+	if err != nil {
+		problems = append(problems, err.Error())
+	}
+	if err := joined(problems); err != nil {
+		return nil, fmt.Errorf("invalid %s args: %w", ClaimScoreName, err)
+	}
+	RegisterMetrics()
+	return newClaimScore(handle, args, sharedRefresher(ctx, args, source)), nil
+}
+
+func newClaimScore(handle fwk.Handle, args Args, metrics *Refresher) *ClaimScore {
 	fts := feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
 	return &ClaimScore{
+		policy:   args.Policy(),
+		metrics:  metrics,
+		clock:    nowSeconds,
 		handle:   handle,
 		features: dynamicresources.AllocatorFeatures(fts),
 		celCache: cel.NewCache(10, cel.Features{
 			EnableConsumableCapacity: fts.EnableDRAConsumableCapacity,
 			EnableListTypeAttributes: fts.EnableDRAListTypeAttributes,
 		}),
-	}, nil
+	}
 }
 
 func (c *ClaimScore) Name() string { return ClaimScoreName }
@@ -95,6 +117,8 @@ type claimState struct {
 	claims    []*resourceapi.ResourceClaim
 	devices   map[structured.DeviceID]placement
 	occupied  map[gpuKey]sets.Set[int]
+	view      *View   // GPUScore's metrics, one view for the cycle
+	now       float64 // the cycle's clock, for metrics age
 }
 
 func (s *claimState) Clone() fwk.StateData { return s }
@@ -145,7 +169,8 @@ func (c *ClaimScore) PreScore(ctx context.Context, state fwk.CycleState, pod *v1
 			occupied[p.gpu].Insert(p.slices...)
 		}
 	}
-	state.Write(claimStateKey, &claimState{allocator: allocator, claims: claims, devices: devices, occupied: occupied})
+	state.Write(claimStateKey, &claimState{allocator: allocator, claims: claims, devices: devices, occupied: occupied,
+		view: c.metrics.View(), now: c.clock()})
 	return nil
 }
 
@@ -220,12 +245,24 @@ func (c *ClaimScore) Score(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	if results == nil {
 		return 0, nil
 	}
-	return scoreChoice(s.occupied, s.devices, results), nil
+	return c.nodeScore(s, node.Name, results), nil
+}
+
+// nodeScore combines the placement score of the devices the allocator would take with the node's load
+// (scoring.claim_score); claims that take no GPU placement keep the placement score alone.
+func (c *ClaimScore) nodeScore(s *claimState, node string, results []resourceapi.AllocationResult) int64 {
+	score, placed := scoreChoice(s.occupied, s.devices, results)
+	if !placed {
+		return score
+	}
+	load := ClaimLoadVerdict(node, s.view.Snapshot.Nodes[node], &c.policy, s.now, s.view.Modes, false)
+	return ClaimNodeScore(score, load)
 }
 
 // scoreChoice: the score of the devices the allocator would take (dra_placement.evaluate_node, summed over a
-// pod's devices: the loss of each, in order, and the free slices of the first one's GPU).
-func scoreChoice(occupied map[gpuKey]sets.Set[int], devices map[structured.DeviceID]placement, results []resourceapi.AllocationResult) int64 {
+// pod's devices: the loss of each, in order, and the free slices of the first one's GPU); placed false when none of
+// them is a GPU placement.
+func scoreChoice(occupied map[gpuKey]sets.Set[int], devices map[structured.DeviceID]placement, results []resourceapi.AllocationResult) (int64, bool) {
 	after := map[gpuKey]sets.Set[int]{}
 	loss, freeBefore, first := 0, 0, true
 	for _, result := range results {
@@ -249,7 +286,7 @@ func scoreChoice(occupied map[gpuKey]sets.Set[int], devices map[structured.Devic
 			after[p.gpu] = next
 		}
 	}
-	return placementScore(loss, freeBefore)
+	return placementScore(loss, freeBefore), !first
 }
 
 // room is dra_placement.room: 4 per free 3g/4g block, 8 more when the GPU is empty.

@@ -56,39 +56,35 @@ var (
 // New builds GPUScore from its args; invalid args stop the scheduler with the list of problems.
 func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
 	args, problems := ParseArgs(obj)
-	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds),
-		args.MetricsMaxClockSkewSeconds, ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
 	// The CA file is read here, at start, and its problem listed with the others: a scheduler that would query
 	// Prometheus unpinned, or not at all, does not start.
-	if args.PrometheusCAFile != "" {
-		if err := source.PinCA(args.PrometheusCAFile); err != nil {
-			problems = append(problems, err.Error())
-		}
+	source, err := prometheusSourceFor(args)
+	if err != nil {
+		problems = append(problems, err.Error())
 	}
 	if err := joined(problems); err != nil {
 		return nil, fmt.Errorf("invalid %s args: %w", Name, err)
 	}
-	source.UseTokenFile(args.PrometheusTokenFile)
-	plugin := newPlugin(args, source)
 	RegisterMetrics()
+	plugin := newPluginOn(args, sharedRefresher(ctx, args, source)) // polled once already, then in the background
 	if handle != nil {
 		plugin.watch(handle)
 		plugin.recorder = handle.EventRecorder()
 	}
-	// One poll before the first pod, as the extender does before serving; then the background loop.
-	plugin.metrics.RefreshOnce(ctx)
-	go plugin.metrics.Run(ctx)
 	return plugin, nil
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 func newPlugin(args Args, source Source) *GPUScore {
-	policy := args.Policy()
+	return newPluginOn(args, NewRefresher(source, seconds(args.MetricsRefreshSeconds), args.Policy()))
+}
+
+func newPluginOn(args Args, metrics *Refresher) *GPUScore {
 	return &GPUScore{
 		args:     args,
-		policy:   policy,
-		metrics:  NewRefresher(source, seconds(args.MetricsRefreshSeconds), policy),
+		policy:   args.Policy(),
+		metrics:  metrics,
 		inflight: NewInflight(args.InflightMaxSeconds),
 		clock:    nowSeconds,
 	}

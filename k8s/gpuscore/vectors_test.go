@@ -74,6 +74,15 @@ type vectorFile struct {
 		Spec   v1.PodSpec           `json:"spec"`
 		Expect [][2]json.RawMessage `json:"expect"`
 	} `json:"requests"`
+	Claims []struct {
+		Args       json.RawMessage               `json:"args"`
+		Now        float64                       `json:"now"`
+		Nodes      []vectorNode                  `json:"nodes"`
+		Candidates []string                      `json:"candidates"`
+		Modes      map[string]Mode               `json:"modes"`
+		Placements map[string]int64              `json:"placements"`
+		Expect     map[string][5]json.RawMessage `json:"expect"` // verdict, then the claim's score
+	} `json:"claims"`
 }
 
 func loadVectors(t *testing.T) *vectorFile {
@@ -211,6 +220,48 @@ func TestVectorsDecisions(t *testing.T) {
 		}
 	}
 	t.Logf("%d decisions, %d node verdicts", len(vectors.Decisions), checked)
+}
+
+// A DRA claim's load verdict (scoring.claim_load_verdict) and GPUClaimScore's score (scoring.claim_score).
+func TestVectorsClaims(t *testing.T) {
+	vectors := loadVectors(t)
+	if len(vectors.Claims) < 40 {
+		t.Fatalf("vectors.json has %d claim cases; regenerate it", len(vectors.Claims))
+	}
+	checked := 0
+	for i, c := range vectors.Claims {
+		args, err := decodeArgs(c.Args)
+		if err != nil {
+			t.Fatalf("claims[%d]: args %s refused: %v", i, c.Args, err)
+		}
+		policy := args.Policy()
+		snapshot := snapshotOf(t, c.Nodes)
+		ranked := snapshotOf(t, c.Nodes)
+		ranked.Rank(&policy)
+		for _, name := range c.Candidates {
+			var want Verdict
+			var wantScore int64
+			mustUnmarshal(t, c.Expect[name][0], &want.Passed)
+			mustUnmarshal(t, c.Expect[name][1], &want.Score)
+			mustUnmarshal(t, c.Expect[name][2], &want.Outcome)
+			mustUnmarshal(t, c.Expect[name][3], &want.Reason)
+			mustUnmarshal(t, c.Expect[name][4], &wantScore)
+			got := ClaimLoadVerdict(name, snapshot.Nodes[name], &policy, c.Now, c.Modes, true)
+			if got != want {
+				t.Errorf("claims[%d] node %s:\n  extender %+v\n  plugin   %+v", i, name, want, got)
+			}
+			fast := ClaimLoadVerdict(name, ranked.Nodes[name], &policy, c.Now, c.Modes, false)
+			if fast.Passed != got.Passed || fast.Score != got.Score || fast.Outcome != got.Outcome {
+				t.Errorf("claims[%d] node %s: without reasons %+v, with %+v", i, name, fast, got)
+			}
+			if score := ClaimNodeScore(c.Placements[name], fast); score != wantScore {
+				t.Errorf("claims[%d] node %s: placement %d, load %+v: score %d, scoring.claim_score says %d",
+					i, name, c.Placements[name], fast, score, wantScore)
+			}
+			checked++
+		}
+	}
+	t.Logf("%d claim cases, %d node scores", len(vectors.Claims), checked)
 }
 
 func TestVectorsAuto(t *testing.T) {

@@ -203,6 +203,8 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
                 assert section in help_text, f"{block}: {script.name} has no section {section}"
     elif program in (".venv/bin/python", "python", "python3"):
         # A module of the collection (boot_apply, nvml_sim), run for real on files made from the inventory.
+        if args[1] == "gpufleet_extender.simulate.dra" and "--hours" not in args:
+            args = [*args, "--hours", "0.1"]  # the documented day's search, on a short trace
         _run([sys.executable, *[_substitute(a, lab_files) for a in args]], env=env)
     elif program in ("docker", "podman"):
         if args[0] == "build":

@@ -13,7 +13,9 @@ Sections of the file (names of settings are the plugin's argument names, see ``A
   the verdict, outcome, reason and score of every node (as ``Extender._table``'s ``verdict_of``);
 - ``auto``: a sequence of snapshots -> the fleet's mean load and ``ModeSelector``'s modes after each;
 - ``prometheus``: Prometheus query results (dcgm series, per-node sample times) -> the snapshot built from them;
-- ``requests``: pod containers' resources -> the GPU request.
+- ``requests``: pod containers' resources -> the GPU request;
+- ``claims``: a policy, a snapshot, ``auto`` modes and a placement score per node -> the load verdict of a DRA
+  claim (``claim_load_verdict``) and GPUClaimScore's score (``claim_score``).
 
 Random but seeded, so the output is a pure function of this code: ``python -m gpufleet_extender.conformance
 PATH`` writes it. Python 3.11's ``sum`` adds floats left to right like the Go loop; keep generating with 3.11.
@@ -43,6 +45,8 @@ from gpufleet_extender.scoring import (
     NodeVerdict,
     Outcome,
     Policy,
+    claim_load_verdict,
+    claim_score,
     evaluate_node,
     fleet_mean_load,
     tenant_mismatch,
@@ -380,6 +384,45 @@ def _requests(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
         yield {"spec": spec, "expect": [[r.resource, r.count] for r in request]}
 
 
+def _claims(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
+    for _ in range(count):
+        args = _random_args(rng)
+        policy = Policy.from_settings(settings_of(args))
+        now = round(rng.uniform(1_700_000_000, 1_800_000_000), rng.choice([0, 3]))
+        snapshot = _random_snapshot(rng, policy, now, rng.randint(1, 4))
+        # dcgm-exporter's keys are unique on a node (gpu, gpu/instance); the random ones repeat across profiles.
+        nodes = {
+            name: NodeMetrics(
+                name,
+                metrics.sample_time,
+                {
+                    res: tuple(DeviceMetrics(f"{r}:{d.key}", d.util, d.mem, d.pods) for d in devices)
+                    for r, (res, devices) in enumerate(metrics.devices.items())
+                },
+            )
+            for name, metrics in snapshot.nodes.items()
+        }
+        snapshot = MetricsSnapshot(nodes=nodes)
+        names = [*snapshot.nodes, *(f"bare-{i}" for i in range(rng.choice([0, 1])))]
+        modes = None
+        if policy.strategy == "auto" and rng.random() < 0.8:
+            modes = {res: rng.choice([Mode.PACK, Mode.SPREAD]) for res in RESOURCES if rng.random() < 0.7}
+        placements = {name: rng.choice([0, 12, 32, 72, 92, 99, 100, rng.randint(0, 100)]) for name in names}
+        expect = {}
+        for name in names:
+            verdict = claim_load_verdict(name, snapshot.nodes.get(name), policy, now, modes)
+            expect[name] = [*_encode_verdict(verdict), claim_score(placements[name], verdict)]
+        yield {
+            "args": args,
+            "now": now,
+            "nodes": _encode_nodes(snapshot),
+            "candidates": names,
+            "modes": None if modes is None else {res: mode.value for res, mode in modes.items()},
+            "placements": placements,
+            "expect": expect,
+        }
+
+
 def _args_cases(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
     fixed: list[dict[str, Any]] = [
         {},
@@ -497,6 +540,7 @@ def build(seed: int = SEED) -> dict[str, list[dict[str, Any]]]:
         "auto": list(_auto(rng, 15)),
         "prometheus": list(_prometheus(rng, 16)),
         "requests": list(_requests(rng, 60)),
+        "claims": list(_claims(rng, 45)),
     }
 
 

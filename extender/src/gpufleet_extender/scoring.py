@@ -463,6 +463,43 @@ def evaluate_nodes(
     }
 
 
+# --- DRA claims (GPUClaimScore, k8s/gpuscore/claims.go; docs/dra.md) ----------------------------------------------
+# A DRA claim names no extended resource, and with DynamicMIG the instance it gets does not exist before the
+# allocation: the load a claim's node is judged by is the node's devices as dcgm-exporter reports them, whole GPUs
+# and MIG instances of every profile together, under GPUScore's rule (thresholds, weights, missing and stale
+# metrics, strategy) as if the pod asked for all of them: the node's mean device load. Auto's per-resource modes do
+# not name this pool of devices, so auto ranks it by spread; pack packs.
+CLAIM_LOAD_RESOURCE = "gpufleet.io/dra-node-devices"
+# Score points a claim's node loses per point of load score below MAX_SCORE (0..50): one 3g/4g block of room lost
+# to fragmentation (20 points, dra_placement.LOSS_WEIGHT x 4 slices) weighs as much as 0.4 of mean device load.
+CLAIM_LOAD_WEIGHT = 5
+CLAIM_MAX_SCORE = 100  # kube-scheduler's MaxNodeScore: a claim's score is a plugin score, not an extender's
+
+
+def claim_load_verdict(
+    node: str, metrics: NodeMetrics | None, policy: Policy, now: float, modes: ModeMap | None = None
+) -> NodeVerdict:
+    """GPUScore's verdict on ``node`` for a DRA claim: ``evaluate_node`` over every device of the node pooled
+    (whole GPUs and MIG instances, in the snapshot's resource order) as one request for all of them."""
+    if metrics is None:
+        return evaluate_node(node, None, (ResourceRequest(CLAIM_LOAD_RESOURCE, 1),), policy, now, None, modes)
+    devices = tuple(d for resource_devices in metrics.devices.values() for d in resource_devices)
+    pooled = NodeMetrics(metrics.name, metrics.sample_time, {CLAIM_LOAD_RESOURCE: devices})
+    request = (ResourceRequest(CLAIM_LOAD_RESOURCE, len(devices)),)
+    return evaluate_node(node, pooled, request, policy, now, None, modes)
+
+
+def claim_score(placement_score: int, load: NodeVerdict) -> int:
+    """GPUClaimScore's 0..100 for a node: the placement score (``dra_placement.evaluate_node``: room for large
+    profiles the allocator's first fit keeps) less CLAIM_LOAD_WEIGHT per load point below MAX_SCORE; 0 when the
+    load verdict fails (every device at or above the thresholds, or metrics missing or stale under
+    ON_MISSING_METRICS=deny), so that a hot node loses to any node that passes. Equal loads keep the placement
+    order (the same points off every node, above 0)."""
+    if not load.passed:
+        return 0
+    return max(0, min(CLAIM_MAX_SCORE, placement_score - CLAIM_LOAD_WEIGHT * (MAX_SCORE - load.score)))
+
+
 def fleet_mean_load(snapshot: MetricsSnapshot, policy: Policy, now: float) -> dict[str, float]:
     """Mean ``device_load`` per resource over every device of the snapshot with a fresh sample."""
     totals: dict[str, list[float]] = {}

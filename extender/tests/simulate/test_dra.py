@@ -3,6 +3,8 @@ node, hand-worked on small pools."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpufleet_extender.simulate.dra import DraPool, dra_gpus_needed, main
@@ -53,3 +55,22 @@ def test_bad_input_is_refused_with_a_message(capsys):
         DraPool("t", 1, SCATTER, "best-fit")
     assert main(["--inventory", "/nonexistent"], out=lambda _: None) == 2
     assert "dra:" in capsys.readouterr().err
+
+
+def test_the_fleet_size_table_command_compares_the_four_ways_on_the_pools_named(tmp_path):
+    # docs/dra.md's table: `--pools imagegen`, static layout beside the three ways (a short trace here).
+    lines: list[str] = []
+    output = tmp_path / "dra.json"
+    assert main(["--pools", "imagegen", "--hours", "0.1", "--output", str(output)], out=lines.append) == 0
+    table = lines[0].splitlines()
+    assert len(table) == 5  # header, then static, first fit, GPUClaimScore, re-layout: imagegen only
+    assert all(line.startswith("imagegen ") for line in table[1:]) and "static layout" in table[1]
+    result = json.loads(output.read_text())
+    assert set(result["gpus_needed"]) == {"static", "first-fit", "gpuscore", "relayout"}
+    assert set(result["gpus_needed"]["static"]) == {"imagegen"}
+    assert all(isinstance(n, int) and n > 0 for way in result["gpus_needed"].values() for n in way.values())
+
+
+def test_an_unknown_pool_is_refused_with_the_inventorys_pools(capsys):
+    assert main(["--pools", "imagegen,llm", "--no-search", "--hours", "0.1"], out=lambda _: None) == 2
+    assert "no MIG pool llm (the inventory's: imagegen, finnlp)" in capsys.readouterr().err

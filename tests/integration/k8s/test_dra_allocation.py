@@ -18,6 +18,7 @@ from conftest import ensure_namespace, wait_for
 from controlplane import assets_dir, missing_assets
 from dra_slices import DRIVER, dra_device_class, dra_placement, node_slices, replay_sequence
 from kubernetes import client as k8s
+from scheduling import rendered_scheduler_config
 from support import render_roles
 
 pytestmark = pytest.mark.integration
@@ -233,27 +234,29 @@ def test_the_stock_scheduler_allocates_first_fit_and_fragments(stock_replay):
     assert {kind for _, kind, _ in fragmentation} <= {dra_placement.WHOLE_GPU, "3g.40gb"}
 
 
-GPUFLEET_CONFIG = {
-    "apiVersion": "kubescheduler.config.k8s.io/v1",
-    "kind": "KubeSchedulerConfiguration",
-    "profiles": [
-        {
-            "schedulerName": "gpufleet-scheduler",
-            # Weight 10: the room a node keeps for large profiles outweighs the default spreading by CPU requests.
-            "plugins": {
-                "preScore": {"enabled": [{"name": "GPUClaimScore"}]},
-                "score": {"enabled": [{"name": "GPUClaimScore", "weight": 10}]},
-            },
-        }
-    ],
-}
+def gpufleet_config(tmp_path) -> dict:
+    """The kube_scheduler role's plugin-mode configuration in DRA mode: GPUScore, and GPUClaimScore at preScore and
+    score with the role's weight (10: the room a node keeps for large profiles outweighs the default spreading by
+    CPU requests). No Prometheus answers here: every node's load is missing, allowed, and the same for all."""
+    config = rendered_scheduler_config(
+        tmp_path / "render",
+        kube_scheduler_mode="plugin",
+        gpufleet_gpu_allocation="dra",
+        kube_scheduler_plugin_extra_args={"prometheusURL": "http://127.0.0.1:9", "metricsRefreshSeconds": 1},
+    )
+    profile = config["profiles"][0]
+    assert {"name": "GPUClaimScore", "weight": 10} in profile["plugins"]["score"]["enabled"]
+    return config
 
 
 @pytest.mark.skipif(bool(missing_assets(("gpufleet-scheduler",))), reason=f"no gpufleet-scheduler in {assets_dir()}")
-def test_gpufleet_scheduler_halves_the_fragmentation_failures(control_plane, core, resource_api, stock_replay):
+def test_gpufleet_scheduler_halves_the_fragmentation_failures(
+    control_plane, core, resource_api, stock_replay, tmp_path
+):
     stock = stock_replay
+    config = gpufleet_config(tmp_path)
     ours = run_replay(
-        control_plane, core, resource_api, "dra-gpufleet", "gpufleet-scheduler", GPUFLEET_CONFIG, "gpufleet-scheduler"
+        control_plane, core, resource_api, "dra-gpufleet", "gpufleet-scheduler", config, "gpufleet-scheduler"
     )
     # Node choice only: the allocator still takes the first fit on the node GPUClaimScore chose.
     assert ours.mismatches == []

@@ -350,6 +350,31 @@ def test_plugin_mode_renders_shared_resources_and_the_interference_weight(tmp_pa
     assert type(args["interferenceWeight"]) is float and args["interferenceWeight"] == 1.0
 
 
+def test_dra_mode_adds_gpuclaimscore_to_the_plugin_profile_and_only_then(tmp_path):
+    # The lab's allocation is device_plugin: GPUScore alone (the test above checks its points).
+    default = scheduler_config(render_roles([ROLE], tmp_path / "default"))["profiles"][0]
+    assert "GPUClaimScore" not in json.dumps(default)
+    extra = {"gpufleet_gpu_allocation": "dra", "gpu_extender_gpu_util_threshold": 0.7}
+    (profile,) = scheduler_config(render_roles([ROLE], tmp_path / "dra", extra_vars=extra))["profiles"]
+    plugins = profile["plugins"]
+    # GPUScore's five points as in device plugin mode; GPUClaimScore beside it at preScore and score, weight 10.
+    assert list(plugins) == GPUSCORE_POINTS
+    assert plugins["preScore"] == {"enabled": [{"name": "GPUScore"}, {"name": "GPUClaimScore"}]}
+    assert plugins["score"] == {"enabled": [{"name": "GPUScore", "weight": 3}, {"name": "GPUClaimScore", "weight": 10}]}
+    assert all("GPUClaimScore" not in json.dumps(plugins[p]) for p in ("preFilter", "filter", "reserve"))
+    # The same args as GPUScore: its load rule, its metrics.
+    gpuscore, claims = profile["pluginConfig"]
+    assert (gpuscore["name"], claims["name"]) == ("GPUScore", "GPUClaimScore")
+    assert claims["args"] == gpuscore["args"] and claims["args"]["gpuUtilThreshold"] == 0.7
+    weighted = scheduler_config(
+        render_roles([ROLE], tmp_path / "weight", extra_vars={**extra, "kube_scheduler_plugin_claim_score_weight": 4})
+    )
+    assert weighted["profiles"][0]["plugins"]["score"]["enabled"][1] == {"name": "GPUClaimScore", "weight": 4}
+    # The stock kube-scheduler (static_pod, secondary) has no GPUClaimScore: DRA mode adds nothing there.
+    secondary = render_roles([ROLE], tmp_path / "secondary", extra_vars={**extra, "kube_scheduler_mode": "secondary"})
+    assert "GPUClaimScore" not in json.dumps(scheduler_config(secondary))
+
+
 def test_plugin_mode_refuses_bad_args_with_every_problem_in_the_plugins_words(tmp_path):
     # gpufleet-extender check-config --plugin-args on the rendered args: every problem at once, as GPUScore says it.
     extra = {

@@ -1,19 +1,23 @@
 """DynamicMIG under DRA on the day trace, three ways (docs/dra.md): DynamicMIG placed as the stock kube-scheduler
 does (first fit on the node its default scoring prefers), DynamicMIG with GPUScore's claim scoring
-(GPUClaimScore), and the device plugin path with the advisor's periodic re-layout (relayout.py's model).
+(GPUClaimScore), and the device plugin path with the advisor's periodic re-layout (relayout.py's model); the
+device plugin with the inventory's static layout beside them, as the baseline of docs/dra.md's fleet-size table.
 
 The DynamicMIG pools have no layout: a pod's claim takes the device the allocator's first fit gives on the node
 chosen (``mig_utils.dra_placement``, the rules GPUClaimScore follows), and frees it when the pod ends; pods that
 find no node wait, and are retried in arrival order whenever a device is freed, as the scheduler retries
 unschedulable pods. The stock scheduler's choice among feasible nodes is its default scoring's for equal pods:
 the node with the fewest running pods (LeastAllocated), then the lowest name. GPUClaimScore's: the highest
-``evaluate_node`` score, then the same.
+``evaluate_node`` score, then the same. The model has no GPU load: every node's load is the same, and
+``scoring.claim_score`` takes the same points off every node for an equal load, so its order is the placement
+score's.
 
 Counted per run: pending pod-minutes, wait p95, fragmentation failures (a pod that found no node on arrival while
 the pool's free memory slices would hold it) and, by bisection, the GPUs each way needs so that no pod waits
 longer than the bound.
 
-Run it: ``python -m gpufleet_extender.simulate.dra`` (from the repository root; ``--help`` for the flags).
+Run it: ``python -m gpufleet_extender.simulate.dra`` (from the repository root; ``--help`` for the flags);
+``--pools imagegen`` is docs/dra.md's fleet-size table.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from gpufleet_extender.simulate.relayout import (
 
 GPUS_PER_NODE = 8
 POLICIES = ("first-fit", "gpuscore")
-MODES = (*POLICIES, "relayout")
+MODES = ("static", *POLICIES, "relayout")
 
 
 @dataclass
@@ -192,16 +196,17 @@ def compare(
         gpus = len(layouts)
         for policy in POLICIES:
             runs[policy][tenant] = DraPool(tenant, gpus, pods, policy).simulate().summary()
-        relayout = run_pool(tenant, layouts, pods, every)
-        runs["relayout"][tenant] = {
-            **relayout.summary(),
-            "fragmentation_failures": None,  # fixed instances: a pod waits for its profile, not for placements
-        }
+        for mode, interval in (("static", None), ("relayout", every)):
+            runs[mode][tenant] = {
+                **run_pool(tenant, layouts, pods, interval).summary(),
+                "fragmentation_failures": None,  # fixed instances: a pod waits for its profile, not for placements
+            }
         if search:
             limit = 4 * gpus
             for policy in POLICIES:
                 needed[policy][tenant] = dra_gpus_needed(tenant, pods, policy, bound, limit)
-            needed["relayout"][tenant], _ = gpus_needed(tenant, layouts, pods, every, bound, limit)
+            for mode, interval in (("static", None), ("relayout", every)):
+                needed[mode][tenant], _ = gpus_needed(tenant, layouts, pods, interval, bound, limit)
     return {
         "kind": "dra-dynamic-mig",
         "parameters": {"every_minutes": every, "wait_bound_minutes": bound_minutes, "pods": len(pods)},
@@ -217,6 +222,7 @@ def table(result: Mapping[str, Any]) -> str:
         f" {'GPUs needed':>12}"
     ]
     names = {
+        "static": "device plugin, static layout",
         "first-fit": "DynamicMIG, first fit",
         "gpuscore": "DynamicMIG + GPUClaimScore",
         "relayout": "device plugin + re-layout",
@@ -245,10 +251,19 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--no-search", action="store_true", help="skip the GPUs-needed search")
+    parser.add_argument(
+        "--pools", default="", help="comma-separated MIG pools (tenants) to compare; default: every MIG pool"
+    )
     parser.add_argument("--output", type=Path, default=None, help="also write the result as JSON here")
     args = parser.parse_args(argv)
     try:
         pools = inventory_pools(args.inventory)
+        if args.pools:
+            wanted = [name.strip() for name in args.pools.split(",") if name.strip()]
+            unknown = [name for name in wanted if name not in pools]
+            if unknown:
+                raise RelayoutError(f"--pools: no MIG pool {', '.join(unknown)} (the inventory's: {', '.join(pools)})")
+            pools = {name: pools[name] for name in wanted}
         pods = day_trace(hours=args.hours, seed=args.seed)
         result = compare(pools, pods, args.every, args.wait_bound, search=not args.no_search)
     except RelayoutError as exc:
