@@ -242,6 +242,7 @@ def gpufleet_config(tmp_path) -> dict:
         tmp_path / "render",
         kube_scheduler_mode="plugin",
         gpufleet_gpu_allocation="dra",
+        kube_scheduler_prometheus_allow_http=True,  # the address nothing answers on is plain http
         kube_scheduler_plugin_extra_args={"prometheusURL": "http://127.0.0.1:9", "metricsRefreshSeconds": 1},
     )
     profile = config["profiles"][0]
