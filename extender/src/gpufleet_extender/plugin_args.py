@@ -51,6 +51,7 @@ ARG_NAMES = {
     "AUTO_HYSTERESIS": "autoHysteresis",
     "SHARED_RESOURCES": "sharedResources",
     "INTERFERENCE_WEIGHT": "interferenceWeight",
+    "PROMETHEUS_QUERY": "prometheusQuery",
 }
 SETTING_NAMES = {arg: setting for setting, arg in ARG_NAMES.items()}
 
@@ -67,7 +68,7 @@ _KINDS = {
     "NODE_NAME_LABELS": _STRINGS,
     "SHARED_RESOURCES": _REPLICAS,
     **{s: _STRING for s in ("PROMETHEUS_URL", "EXPORTER_JOB", "EXPORTER_NAMESPACE", "TENANT_LABEL")},
-    **{s: _STRING for s in ("ON_MISSING_METRICS", "SCORING_STRATEGY")},
+    **{s: _STRING for s in ("ON_MISSING_METRICS", "SCORING_STRATEGY", "PROMETHEUS_QUERY")},
 }
 
 
