@@ -61,6 +61,9 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	}
 	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds),
 		args.MetricsMaxClockSkewSeconds, ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
+	if args.PrometheusQuery == QueryRecorded {
+		source.UseRecorded()
+	}
 	plugin := newPlugin(args, source)
 	RegisterMetrics()
 	if handle != nil {
