@@ -139,3 +139,79 @@ def test_the_cli_prints_a_rules_file_promtool_accepts(tmp_path, capsys):
     path.write_text(text)
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0 and "SUCCESS: 4 rules found" in result.stdout, result.stdout + result.stderr
+
+
+# Raw series -> what the rules record, under promtool's own rule evaluation (no server): the util of a whole GPU and
+# of an instance, memory known, unknown (a total of 0, no framebuffer series) and pods as snapshot._pod_of counts
+# them (exported_pod before pod), and a value out of range or NaN making the device's packed value NaN.
+_MIG_A = 'Hostname="a",gpu="0",GPU_I_ID="1",GPU_I_PROFILE="1g.10gb"'
+_SERIES = {
+    f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{_MIG_A},pod="p1",namespace="t"}}': 0.25,
+    f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{_MIG_A},exported_pod="p2",exported_namespace="t",pod="x",namespace="y"}}': 0.25,
+    f'DCGM_FI_DEV_FB_USED{{{_MIG_A},pod="p1",namespace="t"}}': 250,
+    f'DCGM_FI_DEV_FB_FREE{{{_MIG_A},pod="p1",namespace="t"}}': 750,
+    'DCGM_FI_DEV_GPU_UTIL{hostname="b",gpu="1"}': 40,  # a whole GPU: GPU_UTIL / 100, not GR_ENGINE_ACTIVE
+    'DCGM_FI_PROF_GR_ENGINE_ACTIVE{hostname="b",gpu="1"}': 0.9,
+    'DCGM_FI_DEV_FB_USED{hostname="b",gpu="1"}': 0,
+    'DCGM_FI_DEV_FB_FREE{hostname="b",gpu="1"}': 0,
+    'DCGM_FI_PROF_GR_ENGINE_ACTIVE{Hostname="c",gpu="0"}': 1.5,
+    'DCGM_FI_PROF_GR_ENGINE_ACTIVE{Hostname="c",gpu="1"}': 0.5,
+    'DCGM_FI_DEV_FB_USED{Hostname="c",gpu="1"}': -3,
+    'DCGM_FI_DEV_FB_FREE{Hostname="c",gpu="1"}': 10,
+    'DCGM_FI_PROF_GR_ENGINE_ACTIVE{Hostname="c",gpu="2"}': "NaN",
+    'DCGM_FI_PROF_GR_ENGINE_ACTIVE{Hostname="c",gpu="3"}': 0.001,
+    'DCGM_FI_DEV_GPU_UTIL{Hostname="c",gpu="4"}': 101,
+}
+_PACKED = {  # labels -> value (None: NaN)
+    _MIG_A: packed(250, 250, 2),
+    'hostname="b",gpu="1"': packed(400, 1001, 999),
+    'Hostname="c",gpu="0"': None,
+    'Hostname="c",gpu="1"': None,
+    'Hostname="c",gpu="2"': None,
+    'Hostname="c",gpu="3"': packed(1, 1001, 999),
+    'Hostname="c",gpu="4"': None,
+}
+
+
+def test_the_rules_record_what_build_snapshot_reads_and_nan_for_a_value_out_of_range(tmp_path):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("no promtool (Debian's prometheus package) to evaluate the rules with")
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [recording_rules(LABELS)]}))
+    name = PACKED_SERIES
+    cases = {
+        # promtool cannot compare NaN with NaN: the NaN devices are those where packed != packed
+        f"{name} == {name}": {labels: value for labels, value in _PACKED.items() if value is not None},
+        f"{name} != bool {name}": {labels: float(value is None) for labels, value in _PACKED.items()},
+        NODE_SAMPLE_TIME_SERIES: {'Hostname="a"': 0.0, 'hostname="b"': 0.0, 'Hostname="c"': 0.0},
+    }
+    tests = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": series, "values": str(value)} for series, value in _SERIES.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "0m",
+                        "exp_samples": [
+                            {"labels": ("" if "bool" in expr else name_of(expr)) + "{" + labels + "}", "value": value}
+                            for labels, value in expected.items()
+                        ],
+                    }
+                    for expr, expected in cases.items()
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run(
+        [promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def name_of(expr: str) -> str:
+    return expr.split(" ")[0]

@@ -334,12 +334,17 @@ PODS_MAX = 998
 
 
 def _screened_avg(by: str, metric: str, matchers: str, high: float | None, extra: str = "") -> str:
-    """The device's mean of `metric`, NaN when any of its series is out of [0, high] or NaN (avg keeps a NaN)."""
-    selector = metric + "{" + ",".join(m for m in (matchers, extra) if m) + "}"
-    if selector.endswith("{}"):
-        selector = metric
-    valid = f"{selector} >= 0" + (f" <= {high:g}" if high is not None else "")
-    return f"avg by ({by}) ({valid} or {selector} * NaN)"
+    """The device's mean of `metric`, NaN when any of its series is out of [0, high] (or [0, +Inf) without `high`)
+    or NaN, reading each series once: acos and sqrt are NaN outside their domain, and cos(acos(v)) and sqrt(v)^2
+    give v back (to a unit in the last place), so one selector both screens and keeps the value; avg keeps a NaN.
+    """
+    inside = ",".join(m for m in (matchers, extra) if m)
+    selector = metric + ("{" + inside + "}" if inside else "")
+    if high is None:
+        screened = f"sqrt({selector}) ^ 2"
+    else:
+        screened = f"(cos(acos({selector} * {2 / high:g} - 1)) + 1) * {high / 2:g}"
+    return f"avg by ({by}) ({screened})"
 
 
 def recording_rules(node_labels: Iterable[str], matchers: str = "") -> dict[str, Any]:
