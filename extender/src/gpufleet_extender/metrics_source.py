@@ -367,8 +367,9 @@ def recording_rules(node_labels: Iterable[str], matchers: str = "") -> dict[str,
     util = f"{gpu_util} / 100 or {gr_active}"
     used = _screened_avg(device, FB_USED, matchers, None)
     free = _screened_avg(device, FB_FREE, matchers, None)
-    # total 0: unknown (build_snapshot's mem None), no series; NaN total: a value out of range, a NaN series.
-    memory = f"({used}) / (({used}) + ({free}) > 0) or (({used}) + ({free}) != 0) * NaN"
+    # A total of 0 is filtered out (unknown: build_snapshot's mem None); a NaN total (a value out of range) passes
+    # `!= 0` and keeps the ratio NaN. Vector-vector operations are what the rules' evaluation costs: two here.
+    memory = f"{used} / ({used} + {free} != 0)"
     names = "|".join(DCGM_METRICS)
     with_pod = '__name__=~"' + names + '"' + (f",{matchers}" if matchers else "")
     exported = f'label_join({{{with_pod},exported_pod!=""}}, "gpufleet_pod", "/", "exported_namespace", "exported_pod")'
