@@ -122,7 +122,9 @@ def _plugin_scheduler(control_plane, prometheus, tmp_path, **role_vars):
     config = rendered_scheduler_config(
         tmp_path / "render",
         kube_scheduler_mode="plugin",
+        # the fake Prometheus answers with raw dcgm series, not the recording rules' (prometheusQuery recorded)
         kube_scheduler_plugin_extra_args={"prometheusURL": prometheus.url, "metricsRefreshSeconds": 1},
+        gpufleet_metrics_recording_rules=False,
         **role_vars,
     )
     profile = config["profiles"][0]
