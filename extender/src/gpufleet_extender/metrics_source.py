@@ -6,8 +6,10 @@ in a new immutable ``MetricsSnapshot``; handlers read whichever snapshot is curr
 - ``FileSource``: a Prometheus text exposition file of dcgm-exporter series (the lab, the simulator and
   tests write one). Re-read only when its mtime or size changes; samples without a timestamp are dated by
   the file's mtime. Files from WORKER_MIN_BYTES up are parsed in a worker process (parse_worker.py).
-- ``PrometheusSource``: two instant queries: the dcgm series themselves, and the newest sample time per
-  node (``timestamp()``), since an instant query's own timestamp is the evaluation time, not the scrape's.
+- ``PrometheusSource``: two instant queries: the device loads and the newest sample time per node
+  (``timestamp()``, since an instant query's own timestamp is the evaluation time, not the scrape's). With
+  PROMETHEUS_QUERY=recorded both are series the recording rules precompute (``recording_rules``: one per device,
+  one per node); with raw, the dcgm series themselves.
   PROMETHEUS_TIMEOUT_SECONDS bounds the whole refresh (httpx's own timeout is per read: a Prometheus that
   trickles a byte a second would never time out). Over https with PROMETHEUS_CA_FILE, Prometheus' certificate
   must chain to that CA alone; PROMETHEUS_TOKEN_FILE's bearer token is re-read at each refresh, so a rotated
