@@ -5,14 +5,19 @@ as a real exporter publishes them (tests/dcgm_fleet.py: every instance of the Ho
 set, both host label spellings, fields no decision reads), for each way of asking, in one run:
 
 - ``full``: every DCGM series of the fleet with all its labels (the queries before issue 30), the baseline;
-- ``reduced``: the same series aggregated by the labels decisions read (metrics_source.prometheus_queries).
+- ``reduced``: the same series aggregated by the labels decisions read (metrics_source.prometheus_queries,
+  PROMETHEUS_QUERY=raw);
+- ``recorded``: the recording rules' series, one per device and one sample time per node
+  (metrics_source.recording_rules, loaded into the benchmark's Prometheus; PROMETHEUS_QUERY=recorded).
 
     python3 benchmarks/bench_metrics_refresh.py [--nodes 1000,5000] [--repeat 3]
 
 Per size and way: the refresh's wall time (both queries, JSON decoding and the snapshot built; median and worst of
 --repeat, the ways taking turns so that both see the same load), how long Prometheus takes to answer each query (to
 the last byte), the bytes on the wire (gzip, as httpx and Go's client ask for it) and decoded, and the series.
-Prints figures only, with the load average beside them: no goal is asserted.
+Also the rule group's own evaluation time as Prometheus reports it (the price of the recorded form, paid once per
+evaluation interval in Prometheus, not per refresh). Prints figures only, with the load average beside them: no
+goal is asserted.
 """
 
 from __future__ import annotations
@@ -31,7 +36,15 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import httpx  # noqa: E402
 from dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet  # noqa: E402
-from gpufleet_extender.metrics_source import PrometheusSource, exporter_matchers, prometheus_queries  # noqa: E402
+from gpufleet_extender.metrics_source import (  # noqa: E402
+    RAW,
+    RECORDED,
+    PrometheusSource,
+    exporter_matchers,
+    prometheus_queries,
+    recorded_queries,
+    recording_rules,
+)
 from gpufleet_extender.snapshot import DCGM_METRICS  # noqa: E402
 
 NODE_LABELS = ("Hostname", "hostname")
@@ -57,7 +70,8 @@ def answer(url: str, promql: str) -> tuple[float, int, int, int]:
 
 async def refresh(url: str, queries: tuple[str, str]) -> tuple[float, int]:
     """(wall seconds, nodes in the snapshot) of one refresh of the extender's source asking `queries`."""
-    source = PrometheusSource(url, NODE_LABELS, timeout=300.0, matchers=MATCHERS)
+    form = RECORDED if queries == recorded_queries() else RAW
+    source = PrometheusSource(url, NODE_LABELS, timeout=300.0, matchers=MATCHERS, query=form)
     source._series_query, source._times_query = queries  # the way being measured
     try:
         began = time.perf_counter()
@@ -65,6 +79,17 @@ async def refresh(url: str, queries: tuple[str, str]) -> tuple[float, int]:
         return time.perf_counter() - began, len(snapshot.nodes)
     finally:
         await source.aclose()
+
+
+def rule_evaluation(url: str) -> str:
+    """The rule group's last evaluation time and each rule's, as Prometheus reports them (/api/v1/rules)."""
+    groups = httpx.get(f"{url}/api/v1/rules", timeout=60).json()["data"]["groups"]
+    return "; ".join(
+        f"group {g['name']} {g['evaluationTime']:.3f} s ("
+        + ", ".join(f"{r['name']} {r['evaluationTime']:.3f} s" for r in g["rules"])
+        + ")"
+        for g in groups
+    )
 
 
 def measure(url: str, ways: dict[str, tuple[str, str]], repeat: int) -> dict[str, dict[str, list[float]]]:
@@ -91,17 +116,23 @@ def main() -> int:
     if not Path(args.prometheus).exists():
         print(f"no Prometheus at {args.prometheus} (Debian package 'prometheus'): nothing measured.")
         return 0
-    ways = {"full": full_queries(), "reduced": prometheus_queries(NODE_LABELS, MATCHERS)}
+    ways = {
+        "full": full_queries(),
+        "reduced": prometheus_queries(NODE_LABELS, MATCHERS),
+        "recorded": recorded_queries(),
+    }
+    rules = recording_rules(NODE_LABELS, MATCHERS)
     for size in (int(n) for n in args.nodes.split(",") if n):
         fleet = make_fleet(size)
         workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-refresh-"))
         began = time.monotonic()
-        with FleetPrometheus(fleet, workdir, args.prometheus) as url:
+        with FleetPrometheus(fleet, workdir, args.prometheus, rules=rules) as url:
             print(
-                f"bench-metrics-refresh: {size} nodes, {fleet.series} exporter series "
+                f"bench-metrics-refresh: {size} nodes, {fleet.series} exporter series, {fleet.devices} devices "
                 f"(loaded in {time.monotonic() - began:.0f} s), load average {os.getloadavg()[0]:.1f}"
             )
             figures = measure(url, ways, args.repeat)
+            print(f"  recording rules: {rule_evaluation(url)}")
         for way, record in figures.items():
             med = {key: statistics.median(values) for key, values in record.items()}
             wire = med["series wire"] + med["times wire"]
@@ -113,8 +144,8 @@ def main() -> int:
                 f"decoded; {med['series count']:.0f} series; {med['nodes']:.0f} nodes in the snapshot; "
                 f"load average {min(record['load']):.1f}-{max(record['load']):.1f}"
             )
-        full, reduced = (statistics.median(figures[way]["wall"]) for way in ("full", "reduced"))
-        print(f"  ratio reduced / full wall time: {reduced / full:.2f}")
+        full, reduced, recorded = (statistics.median(figures[way]["wall"]) for way in ways)
+        print(f"  ratio reduced / full wall time: {reduced / full:.2f}; recorded / full: {recorded / full:.2f}")
     return 0
 
 

@@ -13,9 +13,11 @@ One control plane (etcd, kube-apiserver from KUBE_ASSETS, default build/k8s/bin:
 each advertising its pool's devices (finnlp 56 x mig-1g.10gb, imagegen 8 x mig-3g.40gb + 12 x mig-2g.20gb +
 4 x mig-1g.10gb, llm 8 x gpu). For each mode, P pods (one mig-1g.10gb each) are created first, then a scheduler of
 that mode is started with the configuration the kube_scheduler role renders (its defaults: prometheusTimeoutSeconds
-and PROMETHEUS_TIMEOUT_SECONDS 2 s unless --prometheus-timeout); the rate is counted from the first binding to the
-last, so start-up and informer sync are not in it. The pods are then deleted and the next mode starts from the same
-empty fleet. A mode may be given more than once (bare before and after, the default).
+and PROMETHEUS_TIMEOUT_SECONDS 2 s unless --prometheus-timeout; both paths read the recording rules' series, loaded
+into the benchmark's Prometheus as the roles deploy them, or the raw dcgm series with --prometheus-query raw); the
+rate is counted from the first binding to the last, so start-up and informer sync are not in it. The pods are then
+deleted and the next mode starts from the same empty fleet. A mode may be given more than once (bare before and
+after, the default).
 
 Each mode prints the pods it bound to hot nodes. A load-aware mode that binds any there placed without its metrics
 (or ignored them): it is reported as BLIND, and no throughput ratio is printed for it. Its blindness signal
@@ -43,6 +45,7 @@ sys.path.insert(0, str(REPO / "extender" / "tests"))  # exposition.py, which sch
 import httpx  # noqa: E402
 from controlplane import ControlPlane, ControlPlaneError, assets_dir, missing_assets  # noqa: E402
 from dcgm_fleet import EXPORTER_NAMESPACE, LAYOUTS, FleetPrometheus, make_fleet  # noqa: E402
+from gpufleet_extender.metrics_source import exporter_matchers, recording_rules  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
 from scheduling import (  # noqa: E402
@@ -70,7 +73,9 @@ def pool_resources(pool: str) -> dict[str, str]:
     return {resource: str(count) for resource, count in counts.items()}
 
 
-def scheduler_config(mode: str, workdir: Path, urls: dict[str, str | None], timeout: float | None) -> tuple[dict, str]:
+def scheduler_config(
+    mode: str, workdir: Path, urls: dict[str, str | None], timeout: float | None, query: str = "recorded"
+) -> tuple[dict, str]:
     """(KubeSchedulerConfiguration, binary) for a mode; its one profile is named bench-<mode>."""
     if mode == "bare":
         config = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}
@@ -89,6 +94,7 @@ def scheduler_config(mode: str, workdir: Path, urls: dict[str, str | None], time
             "gpu_extender_prometheus_url": urls["prometheus"],
             "kube_scheduler_prometheus_allow_http": True,
             "kube_scheduler_plugin_extra_args": {"prometheusTokenFile": str(token_file)},
+            "gpufleet_metrics_recording_rules": query == "recorded",
         }
         if timeout is not None:
             extra["gpu_extender_prometheus_timeout_seconds"] = timeout
@@ -143,7 +149,7 @@ def run_mode(
     pods = args.pods
     create_pods(core, namespace, [gpu_pod(f"p{i}", f"bench-{mode}", {POD_RESOURCE: "1"}) for i in range(pods)])
     bindings = BindingWatch(core, namespace)
-    config, binary = scheduler_config(mode, workdir, urls, args.prometheus_timeout)
+    config, binary = scheduler_config(mode, workdir, urls, args.prometheus_timeout, args.prometheus_query)
     name = f"scheduler-{mode}-{run}"
     extra = OPEN_METRICS if mode == "plugin" else ()
     # GPUScore refreshes its metrics once before it serves: give that refresh its whole timeout.
@@ -186,6 +192,12 @@ def main() -> int:
     parser.add_argument(
         "--prometheus-timeout", type=float, default=None, help="seconds (default: the roles' default, 2)"
     )
+    parser.add_argument(
+        "--prometheus-query",
+        choices=("recorded", "raw"),
+        default="recorded",
+        help="what both paths read: the recording rules' series (the roles' default) or the raw dcgm series",
+    )
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
@@ -222,7 +234,12 @@ def main() -> int:
         urls: dict[str, str | None] = {"extender": None, "prometheus": None}
         # Scraped every 10 s: with the roles' 30 s METRICS_MAX_AGE_SECONDS, a 30 s interval plus a slow refresh
         # would age the data out between scrapes (blind for the benchmark's sake, not the paths').
-        scraping = FleetPrometheus(fleet, workdir, interval=10) if set(modes) - {"bare"} else contextlib.nullcontext()
+        rules = recording_rules(("Hostname", "hostname"), exporter_matchers("dcgm-exporter", EXPORTER_NAMESPACE))
+        scraping = (
+            FleetPrometheus(fleet, workdir, interval=10, rules=rules if args.prometheus_query == "recorded" else None)
+            if set(modes) - {"bare"}
+            else contextlib.nullcontext()
+        )
         with scraping as prometheus_url:
             urls["prometheus"] = prometheus_url
             try:
@@ -232,6 +249,7 @@ def main() -> int:
                         "PROMETHEUS_URL": prometheus_url,
                         "EXPORTER_JOB": "dcgm-exporter",  # pinned as the gpu_extender role pins them
                         "EXPORTER_NAMESPACE": EXPORTER_NAMESPACE,
+                        "PROMETHEUS_QUERY": args.prometheus_query,
                         "KUBE_API": "kubeconfig",  # production mode: in-flight accounting and tenant pools
                         "KUBECONFIG": str(plane.kubeconfig),
                     }

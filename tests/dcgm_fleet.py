@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import json
 import random
 import subprocess
 import threading
@@ -56,6 +57,11 @@ class Fleet:
     @property
     def series(self) -> int:
         return sum(shard.count(b"\n") - shard.count(b"# ") for shard in self.shards)
+
+    @property
+    def devices(self) -> int:
+        """Whole GPUs and MIG instances: the series each recording rule writes per device."""
+        return sum(sum(len(p) if p else 1 for p in LAYOUTS[pool]) for pool in self.pools.values())
 
 
 def node_name(index: int) -> str:
@@ -140,11 +146,20 @@ class FleetExporter:
 
 class FleetPrometheus:
     """A real Prometheus on 127.0.0.1 scraping a FleetExporter's shards (job dcgm-exporter, namespace
-    EXPORTER_NAMESPACE) every `interval` s;
-    `__enter__` returns its URL once every series of the fleet is in."""
+    EXPORTER_NAMESPACE) every `interval` s, and evaluating `rules` (a rule group, as
+    metrics_source.recording_rules gives it) as often when given;
+    `__enter__` returns its URL once every series of the fleet is in (and every device's recorded series)."""
 
-    def __init__(self, fleet: Fleet, workdir: Path, binary: str = "/usr/bin/prometheus", interval: int = 30):
+    def __init__(
+        self,
+        fleet: Fleet,
+        workdir: Path,
+        binary: str = "/usr/bin/prometheus",
+        interval: int = 30,
+        rules: dict | None = None,
+    ):
         self.fleet, self.workdir, self.binary, self.interval = fleet, workdir, binary, interval
+        self.rules = rules
         self.process: subprocess.Popen | None = None
         self.exporter: FleetExporter | None = None
 
@@ -156,8 +171,14 @@ class FleetPrometheus:
             for k in range(self.exporter.shards)
         )
         config = self.workdir / "prometheus.yml"
+        rule_files = ""
+        if self.rules is not None:
+            rules_file = self.workdir / "recorded.rules.yml"
+            rules_file.write_text(json.dumps({"groups": [self.rules]}))  # JSON is YAML
+            rule_files = f"rule_files: [{json.dumps(str(rules_file))}]\n"
         config.write_text(
-            f"global: {{scrape_interval: {self.interval}s, scrape_timeout: {self.interval}s}}\n"
+            f"global: {{scrape_interval: {self.interval}s, scrape_timeout: {self.interval}s,"
+            f" evaluation_interval: {self.interval}s}}\n{rule_files}"
             f"scrape_configs:\n  - job_name: dcgm-exporter\n    static_configs:\n{targets}"
         )
         port = free_port()
@@ -173,16 +194,27 @@ class FleetPrometheus:
             stderr=subprocess.STDOUT,
         )
         url = f"http://127.0.0.1:{port}"
-        want = self.fleet.series
+        wanted = [('count({job="dcgm-exporter"})', self.fleet.series)]
+        if self.rules is not None:  # the rules' last evaluation saw every series
+            for rule in self.rules["rules"]:  # one series per device, or per node
+                per_node = "node" in rule["record"]
+                wanted.append((f"count({rule['record']})", len(self.fleet.nodes) if per_node else self.fleet.devices))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError, KeyError, IndexError, ValueError):
-                answer = httpx.get(f"{url}/api/v1/query", params={"query": 'count({job="dcgm-exporter"})'}, timeout=30)
-                if int(answer.json()["data"]["result"][0]["value"][1]) >= want:
+                if all(
+                    int(
+                        httpx.get(f"{url}/api/v1/query", params={"query": query}, timeout=30).json()["data"]["result"][
+                            0
+                        ]["value"][1]
+                    )
+                    >= want
+                    for query, want in wanted
+                ):
                     return url
             time.sleep(1)
         self.__exit__()
-        raise RuntimeError(f"Prometheus did not hold the fleet's {want} series in 300 s: see {log.name}")
+        raise RuntimeError(f"Prometheus did not hold the fleet's series ({wanted}) in 300 s: see {log.name}")
 
     def __exit__(self, *exc: object) -> None:
         if self.process and self.process.poll() is None:

@@ -89,6 +89,7 @@ def test_every_argument_has_the_json_type_of_its_go_field():
         "tenantLabel",
         "onMissingMetrics",
         "scoringStrategy",
+        "prometheusQuery",
     }
     for arg in ARG_NAMES.values():
         kind = kinds.get(arg, "a string" if arg in strings else "a number")

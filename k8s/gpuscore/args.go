@@ -52,6 +52,8 @@ type Args struct {
 	// INTERFERENCE_WEIGHT: under spread, how much the load of a node's other devices lowers an exclusive
 	// resource's score (0: not at all).
 	InterferenceWeight float64 `json:"interferenceWeight"`
+	// PROMETHEUS_QUERY: recorded (the dcgm_exporter role's recording rules, one series per device) | raw.
+	PrometheusQuery string `json:"prometheusQuery"`
 }
 
 // maxReplicas bounds SHARED_RESOURCES' replicas as the extender's Settings does.
@@ -80,6 +82,7 @@ func DefaultArgs() Args {
 		AutoHysteresis:             0.1,
 		SharedResources:            map[string]int{},
 		InterferenceWeight:         0,
+		PrometheusQuery:            QueryRaw,
 	}
 }
 
@@ -249,6 +252,9 @@ func (a *Args) problems() []string {
 	case StrategySpread, StrategyPack, StrategyAuto:
 	default:
 		bad("scoringStrategy", "scoringStrategy: must be spread, pack or auto (got %q)", a.ScoringStrategy)
+	}
+	if a.PrometheusQuery != QueryRecorded && a.PrometheusQuery != QueryRaw {
+		bad("prometheusQuery", "prometheusQuery: must be recorded or raw (got %q)", a.PrometheusQuery)
 	}
 	valid := func(fields ...string) bool {
 		for _, field := range fields {

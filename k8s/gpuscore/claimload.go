@@ -80,7 +80,7 @@ func sharedRefresher(ctx context.Context, args Args, source Source) *Refresher {
 }
 
 // prometheusSourceFor is the Prometheus source args describe: its CA pinned (read now: an unreadable file is an
-// args problem) and its bearer token file, re-read at each refresh.
+// args problem), its bearer token file re-read at each refresh, and the form it reads (prometheusQuery).
 func prometheusSourceFor(args Args) (*PrometheusSource, error) {
 	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds),
 		args.MetricsMaxClockSkewSeconds, ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
@@ -90,5 +90,8 @@ func prometheusSourceFor(args Args) (*PrometheusSource, error) {
 		}
 	}
 	source.UseTokenFile(args.PrometheusTokenFile)
+	if args.PrometheusQuery == QueryRecorded {
+		source.UseRecorded()
+	}
 	return source, nil
 }

@@ -17,8 +17,8 @@ func TestQueriesArePinnedToTheExportersJobAndNamespace(t *testing.T) {
 	if !strings.HasSuffix(source.seriesQuery, `",`+matchers+`})`) {
 		t.Errorf("series query not pinned: %s", source.seriesQuery)
 	}
-	if strings.Count(source.timesQuery, "{"+matchers+"}") != len(DCGMMetrics) {
-		t.Errorf("times query not pinned per metric: %s", source.timesQuery)
+	if strings.Count(source.timesQuery, "{"+matchers+"}") != 1 {
+		t.Errorf("times query not pinned: %s", source.timesQuery)
 	}
 	if ExporterMatchers("", "") != "" || ExporterMatchers("", "n") != `namespace="n"` {
 		t.Error("unpinned labels must be left out")
@@ -36,7 +36,7 @@ func TestQueriesAreTheExtenders(t *testing.T) {
 	if series != want {
 		t.Errorf("series query:\n got %s\nwant %s", series, want)
 	}
-	if !strings.HasPrefix(times, "max by (node, Hostname) (timestamp(DCGM_FI_DEV_GPU_UTIL)) or ") {
+	if times != "max by (node, Hostname) (timestamp(DCGM_FI_DEV_FB_FREE))" {
 		t.Errorf("times query: %s", times)
 	}
 }

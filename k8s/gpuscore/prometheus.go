@@ -39,6 +39,7 @@ type PrometheusSource struct {
 	seriesQuery string
 	timesQuery  string
 	tokenFile   string // "": no Authorization header
+	recorded    bool   // the queries read the recorded form (UseRecorded)
 }
 
 // ExporterMatchers pins series to the exporter's scrape job and namespace: `job="x",namespace="y"` ("" for
@@ -127,8 +128,8 @@ var DecisionLabels = []string{"gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "pod",
 
 // PrometheusQueries is metrics_source.prometheus_queries: the series aggregated by the labels decisions read
 // (Prometheus drops the rest before encoding its answer; series two exporters disagree on fold into their
-// maximum), and the newest sample time per node. timestamp() drops the metric name: one max-by per metric
-// joined with `or` keeps label sets unique.
+// maximum), and the newest sample time per node, read from one metric every device reports (sampleTimeMetric):
+// Prometheus' cost is per series read.
 func PrometheusQueries(nodeLabels []string, matchers string) (series, times string) {
 	selector, pinned := "", ""
 	if matchers != "" {
@@ -136,12 +137,8 @@ func PrometheusQueries(nodeLabels []string, matchers string) (series, times stri
 	}
 	keep := strings.Join(append(append([]string{"__name__"}, nodeLabels...), DecisionLabels...), ", ")
 	series = fmt.Sprintf(`max by (%s) ({__name__=~"%s"%s})`, keep, strings.Join(DCGMMetrics, "|"), pinned)
-	parts := make([]string, len(DCGMMetrics))
-	by := strings.Join(nodeLabels, ", ")
-	for i, metric := range DCGMMetrics {
-		parts[i] = fmt.Sprintf("max by (%s) (timestamp(%s%s))", by, metric, selector)
-	}
-	return series, strings.Join(parts, " or ")
+	times = fmt.Sprintf("max by (%s) (timestamp(%s%s))", strings.Join(nodeLabels, ", "), sampleTimeMetric, selector)
+	return series, times
 }
 
 // promSample is one element of an instant vector: {"metric": {...}, "value": [<time>, "<value>"]}.
@@ -224,6 +221,9 @@ func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*Snapshot
 	if timesErr != nil {
 		return nil, timesErr
 	}
+	if p.recorded {
+		return buildFromRecorded(series, times, p.nodeLabels, queriedAt, nowSeconds(), p.maxSkew, version), nil
+	}
 	return buildFromProm(series, times, p.nodeLabels, queriedAt, nowSeconds(), p.maxSkew, version), nil
 }
 
@@ -293,6 +293,12 @@ func buildFromProm(series, times []promSample, nodeLabels []string, queriedAt, n
 			samples = append(samples, Sample{Name: item.Metric["__name__"], Labels: item.Metric, Value: v})
 		}
 	}
+	return buildFromSamples(samples, times, nodeLabels, queriedAt, now, maxSkew, version)
+}
+
+// buildFromSamples is the rest of metrics_source.PrometheusSource._build, whichever form the series came in:
+// the sample times per node, screening, the snapshot, nodes dated beyond now + maxSkew left out.
+func buildFromSamples(samples []Sample, times []promSample, nodeLabels []string, queriedAt, now, maxSkew float64, version uint64) *Snapshot {
 	nodeTimes := map[string]float64{}
 	for _, item := range times {
 		node := nodeNameOf(item.Metric, nodeLabels)

@@ -31,6 +31,10 @@ type Sample struct {
 	Name   string
 	Labels map[string]string
 	Value  float64
+	// Pods holding the device when the source counted them already (the recorded form, decodePacked) instead
+	// of one series per pod; HasPods false: counted from the pod labels.
+	Pods    int
+	HasPods bool
 }
 
 type deviceKey struct{ node, gpu, instance string }
@@ -39,6 +43,7 @@ type deviceAcc struct {
 	gpu, profile                      string
 	utilPercent, grActive, used, free *float64
 	pods                              map[string]bool // pods dcgm-exporter maps to the device; nil: no pod label
+	countedPods                       *int            // pods a recorded sample counted (Sample.Pods)
 }
 
 // podOf is the pod a series is attributed to ("" for none), ok false when the series has no pod label.
@@ -103,6 +108,10 @@ func BuildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 			devices[key] = acc
 			order = append(order, key)
 		}
+		if s.HasPods {
+			pods := s.Pods
+			acc.countedPods = &pods
+		}
 		if pod, ok := podOf(s.Labels); ok { // time-slicing: one series per pod sharing the device
 			if acc.pods == nil {
 				acc.pods = map[string]bool{}
@@ -164,6 +173,8 @@ func BuildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 		}
 		if acc.pods != nil {
 			device.Pods, device.HasPods = len(acc.pods), true
+		} else if acc.countedPods != nil {
+			device.Pods, device.HasPods = *acc.countedPods, true
 		}
 		metrics := snapshot.Nodes[key.node]
 		if metrics == nil {

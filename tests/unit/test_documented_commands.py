@@ -232,6 +232,10 @@ def _check_extender_cli(args: list[str], block: Block, tmp_path: Path, lab_files
         for option in re.findall(r"--[a-z-]+", " ".join(args)):
             assert option in help_text, f"{block}: gpufleet-extender {args[0]} has no option {option}"
         return
+    if args[0] == "recording-rules":  # runs as documented: a rules file with the recorded form's group
+        groups = yaml.safe_load(_run([cli, *args]))["groups"]
+        assert [g["name"] for g in groups] == ["gpufleet-dcgm-recorded"], f"{block}: {groups}"
+        return
     args = shlex.split(_substitute(shlex.join(args), lab_files))
     if "--output" in args:  # the documented directory is replaced by a temporary one
         args[args.index("--output") + 1] = str(tmp_path / "sim")

@@ -51,6 +51,7 @@ def build_source(settings: Settings) -> MetricsSource:
         matchers=exporter_matchers(settings.EXPORTER_JOB, settings.EXPORTER_NAMESPACE),
         ca_file=settings.PROMETHEUS_CA_FILE,
         token_file=settings.PROMETHEUS_TOKEN_FILE,
+        query=settings.PROMETHEUS_QUERY.value,
     )
 
 

@@ -1,4 +1,5 @@
-"""``gpufleet-extender`` command line: ``serve`` and ``check-config`` here; others plug in through COMMAND_MODULES.
+"""``gpufleet-extender`` command line: ``serve``, ``check-config`` and ``recording-rules`` here; others plug in
+through COMMAND_MODULES.
 
 A command module exposes ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> exit code``.
 Modules that are not installed are skipped, so the CLI works at every stage of the project.
@@ -193,6 +194,38 @@ def _add_check_config(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     check.set_defaults(handler=_check_config)
 
 
+def _recording_rules(args: argparse.Namespace) -> int:
+    import yaml
+
+    from gpufleet_extender.metrics_source import exporter_matchers, recording_rules
+
+    node_labels = tuple(label for value in args.node_label for label in value.split(",") if label) or (
+        "Hostname",
+        "hostname",
+    )
+    group = recording_rules(node_labels, exporter_matchers(args.exporter_job, args.exporter_namespace))
+    sys.stdout.write(yaml.safe_dump({"groups": [group]}, sort_keys=False, width=1_000_000))
+    return 0
+
+
+def _add_recording_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rules = subparsers.add_parser(
+        "recording-rules",
+        help="print the Prometheus recording rules PROMETHEUS_QUERY=recorded reads (a rules file, YAML)",
+    )
+    rules.add_argument(
+        "--node-label",
+        action="append",
+        default=[],
+        help="host label of the dcgm series, as NODE_NAME_LABELS (repeat or comma-separate; default Hostname,hostname)",
+    )
+    rules.add_argument("--exporter-job", default="", help="the exporter's scrape job, as EXPORTER_JOB ('': any)")
+    rules.add_argument(
+        "--exporter-namespace", default="", help="the exporter's namespace label, as EXPORTER_NAMESPACE ('': any)"
+    )
+    rules.set_defaults(handler=_recording_rules)
+
+
 def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
     """The CLI. ``serve_only`` leaves the other commands unimported: the kubelet's probes time serve's start."""
     parser = argparse.ArgumentParser(
@@ -202,6 +235,7 @@ def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
     _add_check_config(subparsers)
+    _add_recording_rules(subparsers)
     for name, module_name in ({} if serve_only else COMMAND_MODULES).items():
         try:
             module = importlib.import_module(module_name)

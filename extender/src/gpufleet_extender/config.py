@@ -100,6 +100,11 @@ class MetricsSourceKind(StrEnum):
     FILE = "file"
 
 
+class PrometheusQuery(StrEnum):
+    RECORDED = "recorded"  # the recording rules' series (one per device, one sample time per node)
+    RAW = "raw"  # the dcgm-exporter series themselves: a Prometheus without the rules
+
+
 class MissingMetricsPolicy(StrEnum):
     ALLOW = "allow"
     DENY = "deny"
@@ -137,6 +142,9 @@ class Settings(BaseSettings):
     # namespace) cannot feed the extender. See docs/tenants.md for keeping those labels honest.
     EXPORTER_JOB: str = ""
     EXPORTER_NAMESPACE: str = ""
+    # recorded: read the series the dcgm_exporter role's recording rules precompute (gpufleet-extender
+    # recording-rules), one per device: what a fleet of thousands of nodes needs. raw: the dcgm series themselves.
+    PROMETHEUS_QUERY: PrometheusQuery = PrometheusQuery.RAW
     GPU_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = _DEFAULT_POLICY.gpu_util_threshold
     MEM_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = _DEFAULT_POLICY.mem_util_threshold
     WEIGHT_GPU_UTIL: Fraction = _DEFAULT_POLICY.weight_gpu_util

@@ -53,6 +53,7 @@ ARG_NAMES = {
     "AUTO_HYSTERESIS": "autoHysteresis",
     "SHARED_RESOURCES": "sharedResources",
     "INTERFERENCE_WEIGHT": "interferenceWeight",
+    "PROMETHEUS_QUERY": "prometheusQuery",
 }
 SETTING_NAMES = {arg: setting for setting, arg in ARG_NAMES.items()}
 # File settings that are unset in the plugin when empty (Go's zero value), where Settings would read "" as the path ".".
@@ -72,7 +73,7 @@ _KINDS = {
     "SHARED_RESOURCES": _REPLICAS,
     **{s: _STRING for s in ("PROMETHEUS_URL", "EXPORTER_JOB", "EXPORTER_NAMESPACE", "TENANT_LABEL")},
     **{s: _STRING for s in ("PROMETHEUS_CA_FILE", "PROMETHEUS_TOKEN_FILE")},
-    **{s: _STRING for s in ("ON_MISSING_METRICS", "SCORING_STRATEGY")},
+    **{s: _STRING for s in ("ON_MISSING_METRICS", "SCORING_STRATEGY", "PROMETHEUS_QUERY")},
 }
 
 

@@ -31,6 +31,9 @@ class Sample:
     labels: Mapping[str, str]
     value: float
     timestamp: float | None = None
+    # Pods holding the device, when the source counted them already (the recorded form,
+    # metrics_source.decode_packed) instead of giving one series per pod; None: counted from the pod labels.
+    pods: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,7 @@ class _DeviceAccumulator:
     fb_used: float | None = None
     fb_free: float | None = None
     pods: set[str] | None = None  # pods dcgm-exporter maps to the device; None: no series carried a pod label
+    counted_pods: int | None = None  # pods a recorded sample counted (Sample.pods)
 
 
 def _pod_of(labels: Mapping[str, str]) -> str | None:
@@ -165,6 +169,8 @@ def build_snapshot(
         acc = devices.get((node, gpu, instance))
         if acc is None:
             acc = devices[(node, gpu, instance)] = _DeviceAccumulator(gpu, profile)
+        if sample.pods is not None:
+            acc.counted_pods = sample.pods
         pod = _pod_of(sample.labels)
         if pod is not None:  # time-slicing: one series per pod sharing the device (dcgm-exporter's pod mapping)
             if acc.pods is None:
@@ -198,7 +204,7 @@ def build_snapshot(
         mem = None
         if acc.fb_used is not None and acc.fb_free is not None and acc.fb_used + acc.fb_free > 0:
             mem = _clamp01(acc.fb_used / (acc.fb_used + acc.fb_free))
-        pods = len(acc.pods) if acc.pods is not None else None
+        pods = len(acc.pods) if acc.pods is not None else acc.counted_pods
         per_node.setdefault(node, {}).setdefault(resource, []).append(DeviceMetrics(key, _clamp01(util), mem, pods))
 
     times = dict(sample_times)

@@ -157,3 +157,37 @@ def test_apply_mode_reaches_for_the_api_with_valid_arguments(tmp_path):
     assert "Apply the objects with server-side apply (namespaces/gpufleet-node-agents)" in output
     assert "Connection refused" in output or "Failed to get client" in output or "MaxRetryError" in output
     assert "Unsupported parameters" not in output and "missing required arguments" not in output
+
+
+def _python_rules(node_labels=("Hostname", "hostname"), job="dcgm-exporter", namespace="gpufleet-node-agents"):
+    """The rule group as the extender's generator writes it (the one specification the role's template follows)."""
+    from gpufleet_extender.metrics_source import exporter_matchers, recording_rules
+
+    return recording_rules(node_labels, exporter_matchers(job, namespace))
+
+
+def test_the_recording_rules_are_the_extenders_as_a_prometheus_rule_or_a_rules_file(tmp_path):
+    manifests = render_roles(["gpufleet.mig.dcgm_exporter"], tmp_path / "operator")
+    rule = objects_of(load_manifests(manifests))[("PrometheusRule", "gpufleet-dcgm-recorded")]
+    assert rule["metadata"]["namespace"] == "gpufleet-node-agents"
+    assert rule["spec"] == {"groups": [_python_rules()]}  # byte for byte: the template has no rule of its own
+    assert not (manifests / "dcgm_exporter" / "recording-rules.yaml.snippet").exists()
+
+    extra = {
+        "dcgm_exporter_prometheus_rule": "never",
+        "dcgm_exporter_recording_rules_node_labels": ["node"],
+        "dcgm_exporter_recording_rules_job": "",
+        "dcgm_exporter_namespace": "agents",
+    }
+    manifests = render_roles(["gpufleet.mig.dcgm_exporter"], tmp_path / "file", extra_vars=extra)
+    assert ("PrometheusRule", "gpufleet-dcgm-recorded") not in objects_of(load_manifests(manifests))
+    rules_file = yaml.safe_load((manifests / "dcgm_exporter" / "recording-rules.yaml.snippet").read_text())
+    assert rules_file == {"groups": [_python_rules(("node",), "", "agents")]}
+
+
+def test_no_recording_rules_when_the_inventory_turns_them_off(tmp_path):
+    manifests = render_roles(
+        ["gpufleet.mig.dcgm_exporter"], tmp_path, extra_vars={"gpufleet_metrics_recording_rules": False}
+    )
+    assert ("PrometheusRule", "gpufleet-dcgm-recorded") not in objects_of(load_manifests(manifests))
+    assert not (manifests / "dcgm_exporter" / "recording-rules.yaml.snippet").exists()

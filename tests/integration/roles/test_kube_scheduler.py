@@ -827,3 +827,11 @@ def test_static_pod_leaves_an_unhealthy_scheduler_alone(tmp_path, control_plane_
     assert "Check kube-scheduler is healthy before changing anything" in result.stdout.split("fatal:")[0]
     assert node.manifest.read_bytes() == KUBEADM_MANIFEST.read_bytes()
     assert not node.config_dir.exists()
+
+
+def test_plugin_mode_reads_the_recorded_form_as_the_extender_does(tmp_path):
+    lab = scheduler_config(render_roles([ROLE], tmp_path / "lab"))
+    assert lab["profiles"][0]["pluginConfig"][0]["args"]["prometheusQuery"] == "recorded"
+    off = {"gpufleet_metrics_recording_rules": False}
+    raw = scheduler_config(render_roles([ROLE], tmp_path / "raw", extra_vars=off))
+    assert raw["profiles"][0]["pluginConfig"][0]["args"]["prometheusQuery"] == "raw"

@@ -1,0 +1,109 @@
+package gpuscore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// The recorded section of the vectors: packed series and sample times -> the extender's snapshot, node for node.
+func TestVectorsRecorded(t *testing.T) {
+	raw, err := os.ReadFile("testdata/vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vectors struct {
+		Recorded []struct {
+			NodeNameLabels []string     `json:"nodeNameLabels"`
+			QueriedAt      float64      `json:"queriedAt"`
+			Now            float64      `json:"now"`
+			MaxSkew        float64      `json:"maxClockSkewSeconds"`
+			Series         []promSample `json:"series"`
+			Times          []promSample `json:"times"`
+			Expect         struct {
+				Nodes        []vectorNode `json:"nodes"`
+				NewestSample *float64     `json:"newestSample"`
+			} `json:"expect"`
+		} `json:"recorded"`
+	}
+	if err := json.Unmarshal(raw, &vectors); err != nil {
+		t.Fatal(err)
+	}
+	if len(vectors.Recorded) == 0 {
+		t.Fatal("no recorded vectors: regenerate testdata/vectors.json")
+	}
+	for i, c := range vectors.Recorded {
+		got := buildFromRecorded(c.Series, c.Times, c.NodeNameLabels, c.QueriedAt, c.Now, c.MaxSkew, 1)
+		want := snapshotOf(t, c.Expect.Nodes)
+		if fmt.Sprint(got.Order) != fmt.Sprint(want.Order) {
+			t.Errorf("recorded[%d]: node order extender %v, plugin %v", i, want.Order, got.Order)
+			continue
+		}
+		for _, name := range want.Order {
+			if !reflect.DeepEqual(got.Nodes[name], want.Nodes[name]) {
+				t.Errorf("recorded[%d] node %s:\n  extender %+v\n  plugin   %+v", i, name, want.Nodes[name], got.Nodes[name])
+			}
+		}
+		wantNewest := 0.0
+		if c.Expect.NewestSample != nil {
+			wantNewest = *c.Expect.NewestSample
+		}
+		if got.NewestSample != wantNewest {
+			t.Errorf("recorded[%d]: newest sample extender %v, plugin %v", i, wantNewest, got.NewestSample)
+		}
+	}
+}
+
+func TestDecodePackedSentinelsAndBrokenValues(t *testing.T) {
+	labels := map[string]string{"Hostname": "n1", "gpu": "0"}
+	got := decodePacked(labels, 950*utilScale+421*memoryScale+3)
+	if len(got) != 3 || got[0].Value != 0.95 || !got[0].HasPods || got[0].Pods != 3 || got[1].Value != 421 || got[2].Value != 579 {
+		t.Errorf("decoded %+v", got)
+	}
+	unknown := decodePacked(labels, 120*utilScale+memoryUnknown*memoryScale+podsUnknown)
+	if len(unknown) != 1 || unknown[0].Value != 0.12 || unknown[0].HasPods {
+		t.Errorf("sentinels decoded %+v", unknown)
+	}
+	for _, broken := range []float64{math.NaN(), math.Inf(1), -1, 1001 * utilScale, 500*utilScale + 1002*memoryScale, 5000421002.5, 1e20} {
+		if got := decodePacked(labels, broken); len(got) != 1 || !math.IsNaN(got[0].Value) {
+			t.Errorf("%v decoded %+v, want one NaN sample", broken, got)
+		}
+	}
+}
+
+// With prometheusQuery recorded the plugin asks for the recorded series and decodes them.
+func TestRecordedSourceAsksForTheRecordedSeries(t *testing.T) {
+	var asked []string
+	server := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		query := r.URL.Query().Get("query")
+		asked = append(asked, query)
+		w.Header().Set("Content-Type", "application/json")
+		if query == nodeSampleTimeSeries {
+			fmt.Fprint(w, `{"status":"success","data":{"resultType":"vector","result":[{"metric":{"hostname":"n1"},"value":[1,"1700000000.5"]}]}}`)
+			return
+		}
+		fmt.Fprint(w, `{"status":"success","data":{"resultType":"vector","result":[
+			{"metric":{"__name__":"gpufleet:dcgm_device:packed","hostname":"n1","gpu":"0","GPU_I_ID":"3","GPU_I_PROFILE":"2g.20gb"},"value":[1,"2500500002"]}]}}`)
+	}))
+	defer server.Close()
+	source := NewPrometheusSource(server.URL, []string{"Hostname", "hostname"}, time.Second, 5, "")
+	source.UseRecorded()
+	snapshot, err := source.Fetch(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Device{Key: "0/3", Util: 0.25, Mem: 0.5, HasMem: true, Pods: 2, HasPods: true}
+	if got := snapshot.Nodes["n1"]; got == nil || got.SampleTime != 1700000000.5 || got.Devices["nvidia.com/mig-2g.20gb"][0] != want {
+		t.Errorf("node: %+v", got)
+	}
+	if len(asked) != 2 {
+		t.Errorf("queries %v", asked)
+	}
+}
