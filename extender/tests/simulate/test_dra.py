@@ -4,11 +4,14 @@ node, hand-worked on small pools."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from gpufleet_extender.simulate.dra import DraPool, dra_gpus_needed, main
 from gpufleet_extender.simulate.relayout import HOUR, MINUTE, Pod, RelayoutError
+
+INVENTORY = Path(__file__).resolve().parents[3] / "inventories" / "hongkong"  # whatever the working directory
 
 
 def pods(*specs: tuple[str, float, float]) -> list[Pod]:
@@ -61,7 +64,8 @@ def test_the_fleet_size_table_command_compares_the_four_ways_on_the_pools_named(
     # docs/dra.md's table: `--pools imagegen`, static layout beside the three ways (a short trace here).
     lines: list[str] = []
     output = tmp_path / "dra.json"
-    assert main(["--pools", "imagegen", "--hours", "0.1", "--output", str(output)], out=lines.append) == 0
+    args = ["--inventory", str(INVENTORY), "--pools", "imagegen", "--hours", "0.1", "--output", str(output)]
+    assert main(args, out=lines.append) == 0
     table = lines[0].splitlines()
     assert len(table) == 5  # header, then static, first fit, GPUClaimScore, re-layout: imagegen only
     assert all(line.startswith("imagegen ") for line in table[1:]) and "static layout" in table[1]
@@ -72,5 +76,6 @@ def test_the_fleet_size_table_command_compares_the_four_ways_on_the_pools_named(
 
 
 def test_an_unknown_pool_is_refused_with_the_inventorys_pools(capsys):
-    assert main(["--pools", "imagegen,llm", "--no-search", "--hours", "0.1"], out=lambda _: None) == 2
+    args = ["--inventory", str(INVENTORY), "--pools", "imagegen,llm", "--no-search", "--hours", "0.1"]
+    assert main(args, out=lambda _: None) == 2
     assert "no MIG pool llm (the inventory's: imagegen, finnlp)" in capsys.readouterr().err
