@@ -150,6 +150,8 @@ _SERIES = {
     f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{_MIG_A},exported_pod="p2",exported_namespace="t",pod="x",namespace="y"}}': 0.25,
     f'DCGM_FI_DEV_FB_USED{{{_MIG_A},pod="p1",namespace="t"}}': 250,
     f'DCGM_FI_DEV_FB_FREE{{{_MIG_A},pod="p1",namespace="t"}}': 750,
+    # Time-sliced: the exporter gives every metric of the device one series per pod; the rules count FB_FREE's.
+    f'DCGM_FI_DEV_FB_FREE{{{_MIG_A},exported_pod="p2",exported_namespace="t",pod="x",namespace="y"}}': 750,
     'DCGM_FI_DEV_GPU_UTIL{hostname="b",gpu="1"}': 40,  # a whole GPU: GPU_UTIL / 100, not GR_ENGINE_ACTIVE
     'DCGM_FI_PROF_GR_ENGINE_ACTIVE{hostname="b",gpu="1"}': 0.9,
     'DCGM_FI_DEV_FB_USED{hostname="b",gpu="1"}': 0,
