@@ -203,7 +203,8 @@ def _recording_rules(args: argparse.Namespace) -> int:
         "Hostname",
         "hostname",
     )
-    group = recording_rules(node_labels, exporter_matchers(args.exporter_job, args.exporter_namespace))
+    matchers = exporter_matchers(args.exporter_job, args.exporter_namespace)
+    group = recording_rules(node_labels, matchers, args.interval)
     sys.stdout.write(yaml.safe_dump({"groups": [group]}, sort_keys=False, width=1_000_000))
     return 0
 
@@ -222,6 +223,11 @@ def _add_recording_rules(subparsers: argparse._SubParsersAction[argparse.Argumen
     rules.add_argument("--exporter-job", default="", help="the exporter's scrape job, as EXPORTER_JOB ('': any)")
     rules.add_argument(
         "--exporter-namespace", default="", help="the exporter's namespace label, as EXPORTER_NAMESPACE ('': any)"
+    )
+    rules.add_argument(
+        "--interval",
+        default="",
+        help="how often Prometheus evaluates the group: the exporter's scrape interval (e.g. 15s; '': the global one)",
     )
     rules.set_defaults(handler=_recording_rules)
 

@@ -349,7 +349,7 @@ def _screened_avg(by: str, metric: str, matchers: str, high: float | None, extra
     return f"avg by ({by}) ({screened})"
 
 
-def recording_rules(node_labels: Iterable[str], matchers: str = "") -> dict[str, Any]:
+def recording_rules(node_labels: Iterable[str], matchers: str = "", interval: str = "") -> dict[str, Any]:
     """The Prometheus rule group of the recorded form (what `gpufleet-extender recording-rules` prints and the
     dcgm_exporter role installs): the one specification, in PromQL, of build_snapshot's device loads.
 
@@ -362,6 +362,10 @@ def recording_rules(node_labels: Iterable[str], matchers: str = "") -> dict[str,
     A value out of its metric's range (or NaN) makes the device's steps NaN, and a NaN stays NaN through the
     packing, so the consumers' screening leaves the node out as it does with the raw series. Rules of a group
     run in order: the packed rule reads the two steps before it, not the raw series again.
+
+    ``interval`` (a Prometheus duration) is how often the group is evaluated: the exporter's scrape interval, so
+    that the recorded loads lag a scrape at most. Without it Prometheus takes its global evaluation_interval (one
+    minute unless configured: longer than the default METRICS_MAX_AGE_SECONDS, every node would be stale).
     """
     node_labels = tuple(node_labels)
     device = ", ".join((*node_labels, *DEVICE_LABELS))
@@ -388,6 +392,7 @@ def recording_rules(node_labels: Iterable[str], matchers: str = "") -> dict[str,
     sample_time = f"max by ({', '.join(node_labels)}) (timestamp({SAMPLE_TIME_METRIC}{selector}))"
     return {
         "name": RULE_GROUP,
+        **({"interval": interval} if interval else {}),
         "rules": [
             {"record": UTIL_SERIES, "expr": util},
             {"record": MEMORY_SERIES, "expr": memory},

@@ -159,11 +159,14 @@ def test_apply_mode_reaches_for_the_api_with_valid_arguments(tmp_path):
     assert "Unsupported parameters" not in output and "missing required arguments" not in output
 
 
-def _python_rules(node_labels=("Hostname", "hostname"), job="dcgm-exporter", namespace="gpufleet-node-agents"):
-    """The rule group as the extender's generator writes it (the one specification the role's template follows)."""
+def _python_rules(
+    node_labels=("Hostname", "hostname"), job="dcgm-exporter", namespace="gpufleet-node-agents", interval="15s"
+):
+    """The rule group as the extender's generator writes it (the one specification the role's template follows),
+    evaluated at the role's scrape interval."""
     from gpufleet_extender.metrics_source import exporter_matchers, recording_rules
 
-    return recording_rules(node_labels, exporter_matchers(job, namespace))
+    return recording_rules(node_labels, exporter_matchers(job, namespace), interval)
 
 
 def test_the_recording_rules_are_the_extenders_as_a_prometheus_rule_or_a_rules_file(tmp_path):

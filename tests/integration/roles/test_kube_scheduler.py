@@ -300,7 +300,7 @@ def test_lab_renders_the_plugin_scheduler_with_the_extenders_settings(tmp_path):
     assert args["prometheusURL"] == "https://prometheus-operated.monitoring.svc:9090"
     assert (args["weightGPUUtil"], args["weightMemUtil"], args["gpuUtilThreshold"]) == (0.7, 0.3, 0.8)
     assert args["nodeNameLabels"] == ["Hostname", "hostname"] and args["tenantPools"] is True
-    assert args["scoringStrategy"] == "spread" and args["metricsMaxAgeSeconds"] == 30
+    assert args["scoringStrategy"] == "spread" and args["metricsMaxAgeSeconds"] == 60
     assert (args["exporterJob"], args["exporterNamespace"]) == ("dcgm-exporter", "gpufleet-node-agents")
     # No extender in the profile: nothing of its TLS Secret is mounted (it need not exist). Prometheus' token and CA
     # are (test_plugin_queries_prometheus_over_https_with_a_pinned_ca_and_its_own_token).
