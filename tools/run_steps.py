@@ -49,7 +49,8 @@ class Runner:
             [Step(target, number, self.log_dir / f"{target}.log") for target in lane]
             for number, lane in enumerate(lanes, start=1)
         ]
-        self.print_lock = threading.Lock()
+        # Reentrant: stop() runs as a signal handler in the main thread, which may hold it (printing) when interrupted.
+        self.print_lock = threading.RLock()
         self.running: set[subprocess.Popen[bytes]] = set()
 
     def stop(self, signum: int, _frame: object) -> None:
@@ -77,15 +78,17 @@ class Runner:
             self.say(f"[{_clock(step.start)}] lane {step.lane}: {step.target} started")
             with step.log.open("w") as log:
                 # A session of its own, so that a cancelled run stops the whole step (make and all it started).
-                process = subprocess.Popen(
-                    ["make", "--no-print-directory", step.target],
-                    cwd=self.directory,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+                # Started and registered under the lock stop() takes: a signal arriving meanwhile waits for the
+                # step to be registered, then stops it (else it would outlive the run in its own session).
                 with self.print_lock:
+                    process = subprocess.Popen(
+                        ["make", "--no-print-directory", step.target],
+                        cwd=self.directory,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
                     self.running.add(process)
                 status = process.wait()
                 with self.print_lock:
