@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"reflect"
 	"testing"
 	"time"
 )
@@ -41,23 +40,7 @@ func TestVectorsRecorded(t *testing.T) {
 	}
 	for i, c := range vectors.Recorded {
 		got := buildFromRecorded(c.Series, c.Times, c.NodeNameLabels, c.QueriedAt, c.Now, c.MaxSkew, 1)
-		want := snapshotOf(t, c.Expect.Nodes)
-		if fmt.Sprint(got.Order) != fmt.Sprint(want.Order) {
-			t.Errorf("recorded[%d]: node order extender %v, plugin %v", i, want.Order, got.Order)
-			continue
-		}
-		for _, name := range want.Order {
-			if !reflect.DeepEqual(got.Nodes[name], want.Nodes[name]) {
-				t.Errorf("recorded[%d] node %s:\n  extender %+v\n  plugin   %+v", i, name, want.Nodes[name], got.Nodes[name])
-			}
-		}
-		wantNewest := 0.0
-		if c.Expect.NewestSample != nil {
-			wantNewest = *c.Expect.NewestSample
-		}
-		if got.NewestSample != wantNewest {
-			t.Errorf("recorded[%d]: newest sample extender %v, plugin %v", i, wantNewest, got.NewestSample)
-		}
+		compareSnapshot(t, fmt.Sprintf("recorded[%d]", i), got, c.Expect.Nodes, c.Expect.NewestSample)
 	}
 }
 

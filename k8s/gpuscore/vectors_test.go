@@ -289,23 +289,7 @@ func TestVectorsAuto(t *testing.T) {
 func TestVectorsPrometheus(t *testing.T) {
 	for i, c := range loadVectors(t).Prometheus {
 		got := buildFromProm(c.Series, c.Times, c.NodeNameLabels, c.QueriedAt, c.Now, c.MaxSkew, 1)
-		want := snapshotOf(t, c.Expect.Nodes)
-		if fmt.Sprint(got.Order) != fmt.Sprint(want.Order) {
-			t.Errorf("prometheus[%d]: node order extender %v, plugin %v", i, want.Order, got.Order)
-			continue
-		}
-		for _, name := range want.Order {
-			if !reflect.DeepEqual(got.Nodes[name], want.Nodes[name]) {
-				t.Errorf("prometheus[%d] node %s:\n  extender %+v\n  plugin   %+v", i, name, want.Nodes[name], got.Nodes[name])
-			}
-		}
-		wantNewest := 0.0
-		if c.Expect.NewestSample != nil {
-			wantNewest = *c.Expect.NewestSample
-		}
-		if got.NewestSample != wantNewest {
-			t.Errorf("prometheus[%d]: newest sample extender %v, plugin %v", i, wantNewest, got.NewestSample)
-		}
+		compareSnapshot(t, fmt.Sprintf("prometheus[%d]", i), got, c.Expect.Nodes, c.Expect.NewestSample)
 	}
 }
 
@@ -334,5 +318,28 @@ func TestPythonFormatting(t *testing.T) {
 	}
 	if pyRound(2.5) != 2 || pyRound(3.5) != 4 || pyRound(-0.5) != 0 || pyRound(math.Nextafter(2.5, 3)) != 3 {
 		t.Error("pyRound must round halves to even like Python's round()")
+	}
+}
+
+// compareSnapshot checks the plugin's snapshot against the extender's (a vectors case's expectation): the nodes in
+// order, each node's devices, and the newest sample (nil: none).
+func compareSnapshot(t *testing.T, where string, got *Snapshot, nodes []vectorNode, newest *float64) {
+	t.Helper()
+	want := snapshotOf(t, nodes)
+	if fmt.Sprint(got.Order) != fmt.Sprint(want.Order) {
+		t.Errorf("%s: node order extender %v, plugin %v", where, want.Order, got.Order)
+		return
+	}
+	for _, name := range want.Order {
+		if !reflect.DeepEqual(got.Nodes[name], want.Nodes[name]) {
+			t.Errorf("%s node %s:\n  extender %+v\n  plugin   %+v", where, name, want.Nodes[name], got.Nodes[name])
+		}
+	}
+	wantNewest := 0.0
+	if newest != nil {
+		wantNewest = *newest
+	}
+	if got.NewestSample != wantNewest {
+		t.Errorf("%s: newest sample extender %v, plugin %v", where, wantNewest, got.NewestSample)
 	}
 }
