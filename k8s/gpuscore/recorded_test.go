@@ -2,39 +2,17 @@ package gpuscore
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"testing"
 	"time"
 )
 
 // The recorded section of the vectors: packed series and sample times -> the extender's snapshot, node for node.
 func TestVectorsRecorded(t *testing.T) {
-	raw, err := os.ReadFile("testdata/vectors.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var vectors struct {
-		Recorded []struct {
-			NodeNameLabels []string     `json:"nodeNameLabels"`
-			QueriedAt      float64      `json:"queriedAt"`
-			Now            float64      `json:"now"`
-			MaxSkew        float64      `json:"maxClockSkewSeconds"`
-			Series         []promSample `json:"series"`
-			Times          []promSample `json:"times"`
-			Expect         struct {
-				Nodes        []vectorNode `json:"nodes"`
-				NewestSample *float64     `json:"newestSample"`
-			} `json:"expect"`
-		} `json:"recorded"`
-	}
-	if err := json.Unmarshal(raw, &vectors); err != nil {
-		t.Fatal(err)
-	}
+	vectors := loadVectors(t)
 	if len(vectors.Recorded) == 0 {
 		t.Fatal("no recorded vectors: regenerate testdata/vectors.json")
 	}

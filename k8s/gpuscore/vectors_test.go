@@ -58,19 +58,9 @@ type vectorFile struct {
 			Changed   map[string]Mode    `json:"changed"`
 		} `json:"steps"`
 	} `json:"auto"`
-	Prometheus []struct {
-		NodeNameLabels []string     `json:"nodeNameLabels"`
-		QueriedAt      float64      `json:"queriedAt"`
-		Now            float64      `json:"now"`
-		MaxSkew        float64      `json:"maxClockSkewSeconds"`
-		Series         []promSample `json:"series"`
-		Times          []promSample `json:"times"`
-		Expect         struct {
-			Nodes        []vectorNode `json:"nodes"`
-			NewestSample *float64     `json:"newestSample"`
-		} `json:"expect"`
-	} `json:"prometheus"`
-	Requests []struct {
+	Prometheus []promCase `json:"prometheus"`
+	Recorded   []promCase `json:"recorded"` // the same, the series in the recorded form (recorded_test.go)
+	Requests   []struct {
 		Spec   v1.PodSpec           `json:"spec"`
 		Expect [][2]json.RawMessage `json:"expect"`
 	} `json:"requests"`
@@ -83,6 +73,20 @@ type vectorFile struct {
 		Placements map[string]int64              `json:"placements"`
 		Expect     map[string][5]json.RawMessage `json:"expect"` // verdict, then the claim's score
 	} `json:"claims"`
+}
+
+// promCase is a Prometheus answer (series and sample times, raw or recorded) and the extender's snapshot of it.
+type promCase struct {
+	NodeNameLabels []string     `json:"nodeNameLabels"`
+	QueriedAt      float64      `json:"queriedAt"`
+	Now            float64      `json:"now"`
+	MaxSkew        float64      `json:"maxClockSkewSeconds"`
+	Series         []promSample `json:"series"`
+	Times          []promSample `json:"times"`
+	Expect         struct {
+		Nodes        []vectorNode `json:"nodes"`
+		NewestSample *float64     `json:"newestSample"`
+	} `json:"expect"`
 }
 
 func loadVectors(t *testing.T) *vectorFile {
