@@ -352,25 +352,39 @@ def _prometheus(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
             for node in nodes
             if rng.random() < 0.7
         ]
-        now, max_skew = queried_at + 0.25, rng.choice([5.0, 5.0, 0.0, 2.0])
+        max_skew = rng.choice([5.0, 5.0, 0.0, 2.0])
+        yield _prometheus_case(node_labels, series, times, queried_at, max_skew, "raw")
 
-        def clock(now: float = now) -> float:
-            return now
 
-        source = PrometheusSource("http://127.0.0.1:9", node_labels, 1.0, clock=clock, max_skew=max_skew)
-        try:
-            snapshot, _ = source._build(series, times, queried_at, 1)
-        finally:
-            asyncio.run(source.aclose())
-        yield {
-            "nodeNameLabels": list(node_labels),
-            "queriedAt": queried_at,
-            "now": now,
-            "maxClockSkewSeconds": max_skew,
-            "series": series,
-            "times": times,
-            "expect": {"nodes": _encode_nodes(snapshot), "newestSample": snapshot.newest_sample},
-        }
+def _prometheus_case(
+    node_labels: tuple[str, ...],
+    series: list[dict[str, Any]],
+    times: list[dict[str, Any]],
+    queried_at: float,
+    max_skew: float,
+    query: str,
+) -> dict[str, Any]:
+    """A case of the prometheus or recorded section: the answer, and the snapshot PrometheusSource builds of it a
+    quarter of a second after the query."""
+    now = queried_at + 0.25
+
+    def clock() -> float:
+        return now
+
+    source = PrometheusSource("http://127.0.0.1:9", node_labels, 1.0, clock=clock, max_skew=max_skew, query=query)
+    try:
+        snapshot, _ = source._build(series, times, queried_at, 1)
+    finally:
+        asyncio.run(source.aclose())
+    return {
+        "nodeNameLabels": list(node_labels),
+        "queriedAt": queried_at,
+        "now": now,
+        "maxClockSkewSeconds": max_skew,
+        "series": series,
+        "times": times,
+        "expect": {"nodes": _encode_nodes(snapshot), "newestSample": snapshot.newest_sample},
+    }
 
 
 def _packed_value(rng: random.Random) -> str:
@@ -413,25 +427,7 @@ def _recorded(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
             for node in nodes
             if rng.random() < 0.8
         ]
-        now = queried_at + 0.25
-
-        def clock(now: float = now) -> float:
-            return now
-
-        source = PrometheusSource("http://127.0.0.1:9", node_labels, 1.0, clock=clock, query="recorded")
-        try:
-            snapshot, _ = source._build(series, times, queried_at, 1)
-        finally:
-            asyncio.run(source.aclose())
-        yield {
-            "nodeNameLabels": list(node_labels),
-            "queriedAt": queried_at,
-            "now": now,
-            "maxClockSkewSeconds": 5.0,
-            "series": series,
-            "times": times,
-            "expect": {"nodes": _encode_nodes(snapshot), "newestSample": snapshot.newest_sample},
-        }
+        yield _prometheus_case(node_labels, series, times, queried_at, 5.0, "recorded")
 
 
 def _requests(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
