@@ -6,8 +6,10 @@ package gpuscore
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	fwk "k8s.io/kube-scheduler/framework"
 )
 
@@ -94,4 +96,20 @@ func prometheusSourceFor(args Args) (*PrometheusSource, error) {
 		source.UseRecorded()
 	}
 	return source, nil
+}
+
+// startMetrics parses a plugin's args (GPUScore's, for both plugins) and returns them with the Refresher they
+// share. The CA file is read here, at start, and its problem listed with the others: a scheduler that would query
+// Prometheus unpinned, or not at all, does not start.
+func startMetrics(ctx context.Context, obj runtime.Object, plugin string) (Args, *Refresher, error) {
+	args, problems := ParseArgs(obj)
+	source, err := prometheusSourceFor(args)
+	if err != nil {
+		problems = append(problems, err.Error())
+	}
+	if err := joined(problems); err != nil {
+		return args, nil, fmt.Errorf("invalid %s args: %w", plugin, err)
+	}
+	RegisterMetrics()
+	return args, sharedRefresher(ctx, args, source), nil // polled once already, then in the background
 }

@@ -74,16 +74,11 @@ var (
 // NewClaimScore builds the plugin from GPUScore's args (the same names, defaults and checks: the load rule is
 // GPUScore's); with equal args both plugins read one Refresher.
 func NewClaimScore(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
-	args, problems := ParseArgs(obj)
-	source, err := prometheusSourceFor(args)
+	args, metrics, err := startMetrics(ctx, obj, ClaimScoreName)
 	if err != nil {
-		problems = append(problems, err.Error())
+		return nil, err
 	}
-	if err := joined(problems); err != nil {
-		return nil, fmt.Errorf("invalid %s args: %w", ClaimScoreName, err)
-	}
-	RegisterMetrics()
-	return newClaimScore(handle, args, sharedRefresher(ctx, args, source)), nil
+	return newClaimScore(handle, args, metrics), nil
 }
 
 func newClaimScore(handle fwk.Handle, args Args, metrics *Refresher) *ClaimScore {

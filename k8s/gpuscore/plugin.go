@@ -16,7 +16,6 @@ package gpuscore
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -55,18 +54,11 @@ var (
 
 // New builds GPUScore from its args; invalid args stop the scheduler with the list of problems.
 func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
-	args, problems := ParseArgs(obj)
-	// The CA file is read here, at start, and its problem listed with the others: a scheduler that would query
-	// Prometheus unpinned, or not at all, does not start.
-	source, err := prometheusSourceFor(args)
+	args, metrics, err := startMetrics(ctx, obj, Name)
 	if err != nil {
-		problems = append(problems, err.Error())
+		return nil, err
 	}
-	if err := joined(problems); err != nil {
-		return nil, fmt.Errorf("invalid %s args: %w", Name, err)
-	}
-	RegisterMetrics()
-	plugin := newPluginOn(args, sharedRefresher(ctx, args, source)) // polled once already, then in the background
+	plugin := newPluginOn(args, metrics)
 	if handle != nil {
 		plugin.watch(handle)
 		plugin.recorder = handle.EventRecorder()
