@@ -290,42 +290,58 @@ func missing(node string, why func() string, p *Policy, reasons bool) Verdict {
 // pods, ignores load and orders equal devices arbitrarily, so the pod may get any device tied at the last pod count
 // it needs. The assumed in-flight pods took theirs first, by the same rule. Empty when fewer than count devices have
 // a free replica. devices are in key order (the order Python keeps), and so is the answer within a pod count.
-func sharedCandidates(devices []Device, count, replicas, assumed int) []Device {
-	pods := make([]int, len(devices))
-	for i, d := range devices {
-		pods[i] = d.Pods // 0 without a pod count
+//
+// The answer is the candidates' indices into devices, appended to into (a caller's stack buffer): Filter and Score
+// run this for every node of every GPU pod's cycle, so it sorts nothing and allocates nothing for up to
+// smallDevices devices (the pod counts are small integers: the candidates are collected level by level).
+func sharedCandidates(devices []Device, count, replicas, assumed int, into []int) []int {
+	var podsBuf [smallDevices]int
+	pods := podsBuf[:0]
+	if len(devices) > smallDevices {
+		pods = make([]int, 0, len(devices))
 	}
-	for range assumed { // in-flight pods: each on a device with the fewest pods, the first of equals
-		best := -1
-		for i, n := range pods {
-			if n < replicas && (best < 0 || n < pods[best]) {
-				best = i
+	for _, d := range devices {
+		pods = append(pods, d.Pods) // 0 without a pod count
+	}
+	// In-flight pods: each on a device with the fewest pods, the first of equals. They fill the lowest level in
+	// device order, then the next (a device raised from a level is not taken again at that level).
+	for level := 0; level < replicas && assumed > 0; level++ {
+		for i := range pods {
+			if pods[i] == level && assumed > 0 {
+				pods[i]++
+				assumed--
 			}
 		}
-		if best < 0 {
-			break
+	}
+	if count <= 0 {
+		return into
+	}
+	// cutoff: the pod count of the count-th open device in (pods, index) order, the most-used one the pod may get.
+	cutoff, open := -1, 0
+	for level := 0; level < replicas && open < count; level++ {
+		for _, n := range pods {
+			if n == level {
+				open++
+			}
 		}
-		pods[best]++
+		cutoff = level
 	}
-	open := make([]int, 0, len(devices)) // indices of devices with a free replica, by (pods, index)
-	for i, n := range pods {
-		if n < replicas {
-			open = append(open, i)
+	if open < count {
+		return into
+	}
+	for level := 0; level <= cutoff; level++ {
+		for i, n := range pods {
+			if n == level {
+				into = append(into, i)
+			}
 		}
 	}
-	if count <= 0 || len(open) < count {
-		return nil
-	}
-	sort.SliceStable(open, func(a, b int) bool { return pods[open[a]] < pods[open[b]] })
-	cutoff := pods[open[count-1]] // the most-used device the pod may still get
-	var candidates []Device
-	for _, i := range open {
-		if pods[i] <= cutoff {
-			candidates = append(candidates, devices[i])
-		}
-	}
-	return candidates
+	return into
 }
+
+// smallDevices is how many devices of one resource a node has at most without a heap allocation in
+// sharedCandidates (an H100 node: 8 GPUs x 7 instances = 56).
+const smallDevices = 64
 
 // pyPods is a device's pod count as Python prints an int or None.
 func pyPods(d Device) string {
@@ -349,7 +365,8 @@ func evaluateShared(node string, devices []Device, want ResourceRequest, p *Poli
 	if !mapped {
 		return Verdict{}, false
 	}
-	candidates := sharedCandidates(devices, want.Count, replicas, assumed)
+	var buf [smallDevices]int
+	candidates := sharedCandidates(devices, want.Count, replicas, assumed, buf[:0])
 	if len(candidates) == 0 {
 		reason := ""
 		if reasons {
@@ -357,8 +374,8 @@ func evaluateShared(node string, devices []Device, want ResourceRequest, p *Poli
 		}
 		return Verdict{false, MinScore, OutcomeOverloaded, reason}, true
 	}
-	for _, d := range candidates {
-		if !belowThresholds(d, p) { // the plugin may hand the pod any candidate, the hot one included
+	for _, i := range candidates {
+		if d := devices[i]; !belowThresholds(d, p) { // the plugin may hand the pod any candidate, the hot one included
 			reason := ""
 			if reasons {
 				reason = fmt.Sprintf("%s: the device plugin may share a busy %s %s (%s: %s; %s pod(s), %d equally used)",
@@ -368,8 +385,8 @@ func evaluateShared(node string, devices []Device, want ResourceRequest, p *Poli
 		}
 	}
 	sum := 0.0
-	for _, d := range candidates {
-		sum += DeviceLoad(d, p)
+	for _, i := range candidates {
+		sum += DeviceLoad(devices[i], p)
 	}
 	mean := sum / float64(len(candidates))
 	score := clampScore(MaxScore * (1.0 - mean))
@@ -518,8 +535,8 @@ func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, 
 		why := func() string { return fmt.Sprintf("GPU metrics are %.0fs old (max %ss)", age, pyG(p.MaxAgeSeconds)) }
 		return missing(node, why, p, reasons)
 	}
-	var verdict *Verdict
-	for _, want := range request {
+	var verdict Verdict // the lowest-scoring part (a value: a pointer to the loop's part cost a heap object per call)
+	for i, want := range request {
 		var part Verdict
 		ranked := metrics.rankedDevices(want.Resource, p)
 		if len(ranked) == 0 {
@@ -535,11 +552,11 @@ func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, 
 		if !part.Passed {
 			return part
 		}
-		if verdict == nil || part.Score < verdict.Score {
-			verdict = &part
+		if i == 0 || part.Score < verdict.Score {
+			verdict = part
 		}
 	}
-	return *verdict
+	return verdict
 }
 
 // FleetMeanLoad is the mean DeviceLoad per resource over every device with a fresh sample.
