@@ -12,6 +12,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"sync/atomic"
 )
 
 const (
@@ -122,6 +123,7 @@ type NodeMetrics struct {
 type rankedResource struct {
 	resource string
 	devices  []Device
+	memo     atomic.Pointer[partMemo] // made on the first verdict asked of this resource
 }
 
 // rankedDevices is the resource's devices least-loaded first.
@@ -129,12 +131,85 @@ func (m *NodeMetrics) rankedDevices(resource string, p *Policy) []Device {
 	if m.ranked == nil {
 		return byLoad(m.Devices[resource], p)
 	}
+	if r := m.rankedResource(resource); r != nil {
+		return r.devices
+	}
+	return nil
+}
+
+// rankedResource is resource's entry of a ranked snapshot (nil when the snapshot was not ranked or the node has
+// no such device).
+func (m *NodeMetrics) rankedResource(resource string) *rankedResource {
 	for i := range m.ranked {
 		if m.ranked[i].resource == resource {
-			return m.ranked[i].devices
+			return &m.ranked[i]
 		}
 	}
 	return nil
+}
+
+// partMemo remembers one resource's part of a node's verdict (without reasons) for the inputs a scheduling burst
+// repeats: each pod's cycle asks the same question of several hundred nodes, twice (Filter, Score), and a node's
+// answer changes only when a new snapshot arrives (a new memo) or its in-flight count moves. Entries are written
+// once, by whichever goroutine computes them first; a race computes the same value twice, never a different one.
+type partMemo [memoCounts * memoAssumed * 2]atomic.Uint32
+
+const (
+	memoCounts  = 4  // devices asked of the resource: 1..4
+	memoAssumed = 16 // in-flight pods' devices on the node: 0..15
+	memoSet     = 1 << 31
+	memoPassed  = 1 << 30
+)
+
+func memoIndex(count, assumed int, mode Mode) (int, bool) {
+	if count < 1 || count > memoCounts || assumed < 0 || assumed >= memoAssumed {
+		return 0, false
+	}
+	i := ((count-1)*memoAssumed + assumed) * 2
+	if mode == ModePack {
+		i++
+	}
+	return i, true
+}
+
+// memoizedPart is evaluateResource (and withInterference) for the scheduling path, from r's memo when it holds
+// the answer. The memo is keyed by what a part depends on besides the snapshot and the policy it was ranked with
+// (the plugins that share a refresher share its args): the count, the in-flight devices of this resource and the
+// mode. Interference also reads the in-flight pods of the node's other resources, so with interference on only a
+// node without in-flight pods is memoized. A part passes or is overloaded, with a score: 32 bits hold it.
+func memoizedPart(node string, metrics *NodeMetrics, r *rankedResource, want ResourceRequest, p *Policy,
+	assumed map[string]int, mode Mode) Verdict {
+	compute := func() Verdict {
+		part := evaluateResource(node, metrics, r.devices, want, p, assumed[want.Resource], mode, false)
+		if part.Passed && mode == ModeSpread && p.InterferenceWeight > 0 {
+			part = withInterference(node, metrics, r.devices, want, p, assumed, part, false)
+		}
+		return part
+	}
+	i, ok := memoIndex(want.Count, assumed[want.Resource], mode)
+	if !ok || (p.InterferenceWeight > 0 && len(assumed) > 0) {
+		return compute()
+	}
+	memo := r.memo.Load()
+	if memo == nil {
+		r.memo.CompareAndSwap(nil, new(partMemo))
+		memo = r.memo.Load()
+	}
+	if word := memo[i].Load(); word&memoSet != 0 {
+		if word&memoPassed != 0 {
+			return Verdict{true, int(word & 0xff), OutcomePass, ""}
+		}
+		return Verdict{false, int(word & 0xff), OutcomeOverloaded, ""}
+	}
+	part := compute()
+	word := uint32(memoSet) | uint32(part.Score)&0xff
+	switch {
+	case part.Passed && part.Outcome == OutcomePass:
+		memo[i].Store(word | memoPassed)
+	case !part.Passed && part.Outcome == OutcomeOverloaded:
+		memo[i].Store(word)
+	}
+	return part
 }
 
 // Rank orders every node's devices by load under p once, before the snapshot is published; a snapshot is
@@ -143,7 +218,7 @@ func (s *Snapshot) Rank(p *Policy) {
 	for _, metrics := range s.Nodes {
 		metrics.ranked = make([]rankedResource, 0, len(metrics.Devices))
 		for resource, devices := range metrics.Devices {
-			metrics.ranked = append(metrics.ranked, rankedResource{resource, byLoad(devices, p)})
+			metrics.ranked = append(metrics.ranked, rankedResource{resource: resource, devices: byLoad(devices, p)})
 		}
 	}
 }
@@ -542,6 +617,8 @@ func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, 
 		if len(ranked) == 0 {
 			why := func() string { return fmt.Sprintf("no %s %s in the metrics", want.Resource, deviceWord(want.Resource)) }
 			part = missing(node, why, p, reasons)
+		} else if r := metrics.rankedResource(want.Resource); r != nil && !reasons {
+			part = memoizedPart(node, metrics, r, want, p, assumed, p.modeFor(want.Resource, modes))
 		} else {
 			mode := p.modeFor(want.Resource, modes)
 			part = evaluateResource(node, metrics, ranked, want, p, assumed[want.Resource], mode, reasons)

@@ -216,6 +216,10 @@ func TestVectorsDecisions(t *testing.T) {
 				if fast.Reason != "" || fast.Passed != got.Passed || fast.Score != got.Score || fast.Outcome != got.Outcome {
 					t.Errorf("decisions[%d] node %s: without reasons %+v, with %+v", i, name, fast, got)
 				}
+				// Asked again: from the snapshot's memo this time.
+				if again := evaluateNode(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes, false); again != fast {
+					t.Errorf("decisions[%d] node %s: memoized %+v, computed %+v", i, name, again, fast)
+				}
 			}
 			if got != want {
 				t.Errorf("decisions[%d] node %s:\n  extender %+v\n  plugin   %+v", i, name, want, got)
