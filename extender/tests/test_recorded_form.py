@@ -17,6 +17,7 @@ from gpufleet_extender.cli import main as cli_main
 from gpufleet_extender.metrics_source import (
     NODE_SAMPLE_TIME_SERIES,
     PACKED_SERIES,
+    RECORDED_EVALUATION_QUERY,
     MetricsSourceError,
     PrometheusSource,
     decode_packed,
@@ -65,9 +66,19 @@ def test_a_value_nan_or_out_of_range_decodes_as_nan_so_the_node_is_screened_out(
     assert sample.name == GR_ENGINE_ACTIVE and math.isnan(sample.value)
 
 
-def answers(series, times):
+def answers(series, times, evaluated="1000", asked=None):
+    """Prometheus with the recorded series; ``evaluated()`` (or the string) is the rule group's last evaluation."""
+
     def handler(request: httpx.Request) -> httpx.Response:
-        result = {PACKED_SERIES: series, NODE_SAMPLE_TIME_SERIES: times}[request.url.params["query"]]
+        query = request.url.params["query"]
+        if asked is not None:
+            asked.append(query)
+        stamp = evaluated() if callable(evaluated) else evaluated
+        result = {
+            PACKED_SERIES: series,
+            NODE_SAMPLE_TIME_SERIES: times,
+            RECORDED_EVALUATION_QUERY: [{"metric": {}, "value": [1000.0, stamp]}] if stamp else [],
+        }[query]
         return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
 
     return httpx.MockTransport(handler)
@@ -104,6 +115,32 @@ def test_a_recorded_refresh_builds_the_snapshot_and_screens_a_nan_node():
     assert (instance.key, instance.util, instance.mem, instance.pods) == ("0/3", 0.95, 0.421, 2)
     (gpu,) = snapshot.nodes["n2"].devices["nvidia.com/gpu"]
     assert (gpu.key, gpu.util, gpu.mem, gpu.pods) == ("1", 0.3, 0.5, None)
+
+
+def test_a_recorded_refresh_reads_the_series_once_per_rule_evaluation():
+    asked: list[str] = []
+    evaluation = {"at": "990"}
+    series = [item(MIG, str(packed(950, 421, 2)))]
+    times = [{"metric": {"Hostname": "n1"}, "value": [1000.0, "990"]}]
+    transport = answers(series, times, evaluated=lambda: evaluation["at"], asked=asked)
+    source = PrometheusSource("http://p.invalid", LABELS, 1.0, transport=transport, query="recorded")
+
+    first = asyncio.run(source.fetch(1))
+    assert first is not None and set(first.nodes) == {"n1"}
+    assert asked[0] == RECORDED_EVALUATION_QUERY
+    assert sorted(asked[1:]) == sorted([PACKED_SERIES, NODE_SAMPLE_TIME_SERIES])
+
+    asked.clear()  # not evaluated since: one small query, and "unchanged" (None) for the refresher
+    assert asyncio.run(source.fetch(2)) is None
+    assert asked == [RECORDED_EVALUATION_QUERY]
+
+    asked.clear()
+    evaluation["at"] = "1000"  # evaluated again: read again
+    assert asyncio.run(source.fetch(3)) is not None and len(asked) == 3
+
+    asked.clear()
+    evaluation["at"] = ""  # no recorded series at all (rules not loaded): always read, never "unchanged"
+    assert asyncio.run(source.fetch(4)) is not None and asyncio.run(source.fetch(5)) is not None and len(asked) == 6
 
 
 def test_an_unknown_query_form_is_a_clear_error():

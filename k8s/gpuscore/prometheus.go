@@ -40,6 +40,9 @@ type PrometheusSource struct {
 	timesQuery  string
 	tokenFile   string // "": no Authorization header
 	recorded    bool   // the queries read the recorded form (UseRecorded)
+	// evaluated is the rule group's evaluation the last snapshot was read after (RecordedEvaluationQuery's
+	// answer); only the Refresher's goroutine calls Fetch.
+	evaluated string
 }
 
 // ExporterMatchers pins series to the exporter's scrape job and namespace: `job="x",namespace="y"` ("" for
@@ -196,15 +199,29 @@ func (p *PrometheusSource) query(ctx context.Context, promql, authorization stri
 	return payload.Data.Result, nil
 }
 
-// Fetch queries both vectors and builds the snapshot numbered version.
+// Fetch queries both vectors and builds the snapshot numbered version; with the recorded form, nil (and no
+// error) when the rule group was not evaluated since the last snapshot: nothing in the answer would differ.
 func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*Snapshot, error) {
 	queriedAt := nowSeconds()
-	authorization, err := p.authorization() // once per refresh: both queries carry the same token
+	authorization, err := p.authorization() // once per refresh: every query carries the same token
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
+	evaluated := ""
+	if p.recorded {
+		probe, err := p.query(ctx, RecordedEvaluationQuery, authorization)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("Prometheus did not answer within prometheusTimeoutSeconds (%gs)", p.timeout.Seconds())
+		}
+		if err != nil {
+			return nil, err
+		}
+		if evaluated = evaluationOf(probe); evaluated != "" && evaluated == p.evaluated {
+			return nil, nil
+		}
+	}
 	var series, times []promSample
 	var seriesErr, timesErr error
 	var wg sync.WaitGroup
@@ -222,6 +239,7 @@ func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*Snapshot
 		return nil, timesErr
 	}
 	if p.recorded {
+		p.evaluated = evaluated
 		return buildFromRecorded(series, times, p.nodeLabels, queriedAt, nowSeconds(), p.maxSkew, version), nil
 	}
 	return buildFromProm(series, times, p.nodeLabels, queriedAt, nowSeconds(), p.maxSkew, version), nil
@@ -317,7 +335,8 @@ func buildFromSamples(samples []Sample, times []promSample, nodeLabels []string,
 
 func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }
 
-// Source is where snapshots come from (Prometheus in production, a fake in tests).
+// Source is where snapshots come from (Prometheus in production, a fake in tests). Fetch answers nil and no
+// error when nothing changed since the last snapshot it returned.
 type Source interface {
 	Fetch(ctx context.Context, version uint64) (*Snapshot, error)
 }
@@ -383,6 +402,9 @@ func (r *Refresher) refresh(ctx context.Context) bool {
 		logger.Info("GPUScore: metrics source answers again")
 	}
 	r.lastError = ""
+	if snapshot == nil {
+		return true // unchanged: the current view (and the verdicts memoized on it) stays
+	}
 	snapshot.Rank(&r.policy)
 	view := &View{Snapshot: snapshot}
 	if r.selector != nil {

@@ -25,10 +25,24 @@ const (
 // RecordedQueries is metrics_source.recorded_queries: the rules pinned the exporter's job and namespace already.
 func RecordedQueries() (series, times string) { return packedSeries, nodeSampleTimeSeries }
 
+// RecordedEvaluationQuery is metrics_source.RECORDED_EVALUATION_QUERY: when the rule group last wrote its last
+// rule, one number. The recorded series change only when the group is evaluated (every scrape interval, and at
+// thousands of nodes the evaluation itself takes longer than a refresh), so a refresh asks this first and reads
+// the fleet's series only when the answer moved.
+const RecordedEvaluationQuery = "max(timestamp(" + nodeSampleTimeSeries + "))"
+
 // UseRecorded makes the source read the recorded form instead of the raw dcgm series.
 func (p *PrometheusSource) UseRecorded() {
 	p.seriesQuery, p.timesQuery = RecordedQueries()
 	p.recorded = true
+}
+
+// evaluationOf is the probe's answer as Prometheus wrote it ("" for an empty vector: no recorded series yet).
+func evaluationOf(probe []promSample) string {
+	if len(probe) != 1 || len(probe[0].Value) != 2 {
+		return ""
+	}
+	return string(probe[0].Value[1])
 }
 
 // decodePacked is metrics_source.decode_packed: one packed series as the samples BuildSnapshot folds (the

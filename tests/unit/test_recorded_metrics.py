@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,26 @@ def test_recorded_snapshot_equals_the_raw_one(prometheus):
                 kinds["with pods" if want.pods else "without pods"] += 1
     # the fleet exercised every case the packing distinguishes
     assert all(kinds.values()), kinds
+
+
+def test_a_refresh_reads_the_recorded_series_once_per_rule_evaluation(prometheus):
+    """Refreshing ten times per evaluation interval, a refresh reads the fleet's series only after Prometheus
+    evaluated the rules again: the others answer "unchanged" (None) after one small query."""
+
+    async def poll() -> list[bool]:
+        source = PrometheusSource(prometheus, NODE_LABELS, timeout=60.0, matchers=MATCHERS, query="recorded")
+        read: list[bool] = []
+        try:
+            deadline = time.monotonic() + 3 * INTERVAL
+            while time.monotonic() < deadline:
+                read.append(await source.fetch(len(read) + 1) is not None)
+                await asyncio.sleep(INTERVAL / 10)
+        finally:
+            await source.aclose()
+        return read
+
+    read = asyncio.run(poll())
+    assert read[0], "the first refresh reads the series"
+    # Three intervals: two to four evaluations after the first read, whatever the phase.
+    assert 2 <= sum(read[1:]) <= 4, read
+    assert len(read) - sum(read) >= len(read) // 2, read

@@ -408,6 +408,21 @@ def recorded_queries() -> tuple[str, str]:
     return PACKED_SERIES, NODE_SAMPLE_TIME_SERIES
 
 
+# When the rule group last wrote its last rule, one number. The recorded series change only when the group is
+# evaluated (every scrape interval; at thousands of nodes the evaluation alone outlasts a refresh), so a refresh
+# asks this first and reads the fleet's series only when the answer moved.
+RECORDED_EVALUATION_QUERY = f"max(timestamp({NODE_SAMPLE_TIME_SERIES}))"
+
+
+def evaluation_of(status: int, content: bytes) -> str:
+    """RECORDED_EVALUATION_QUERY's answer as Prometheus wrote it ("" for an empty vector: no recorded series yet)."""
+    vector = decode_vector(status, content)
+    try:
+        return str(vector[0]["value"][1]) if len(vector) == 1 else ""
+    except (KeyError, IndexError, TypeError):
+        return ""
+
+
 def decode_packed(labels: Mapping[str, str], value: float) -> list[Sample]:
     """One packed series as the samples build_snapshot folds: the utilisation as GR_ENGINE_ACTIVE (which it reads
     for a whole GPU without GPU_UTIL too) carrying the pod count, and the memory as FB_USED/FB_FREE in permille.
@@ -479,6 +494,7 @@ class PrometheusSource:
         self._series_query, self._times_query = (
             recorded_queries() if self._recorded else prometheus_queries(node_labels, matchers)
         )
+        self._evaluated = ""  # the rule group's evaluation the last snapshot was read after (recorded form)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -503,19 +519,29 @@ class PrometheusSource:
             raise MetricsSourceError(f"Prometheus unreachable: {exc.__class__.__name__}: {exc}") from None
         return response.status_code, response.content
 
-    async def fetch(self, version: int) -> MetricsSnapshot:
+    async def fetch(self, version: int) -> MetricsSnapshot | None:
+        """The fleet's snapshot; with the recorded form, None when the rule group was not evaluated since the last
+        one (nothing in the answer would differ)."""
         queried_at = self._clock()
         headers = self._headers()
+        evaluated = ""
         try:
             async with asyncio.timeout(self._timeout):
+                if self._recorded:
+                    evaluated = evaluation_of(*await self._query(RECORDED_EVALUATION_QUERY, headers))
+                    if evaluated and evaluated == self._evaluated:
+                        return None
                 series, times = await asyncio.gather(
                     self._query(self._series_query, headers), self._query(self._times_query, headers)
                 )
         except TimeoutError:
             raise MetricsSourceError(
                 f"Prometheus did not answer both queries within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)"
+                if not self._recorded
+                else f"Prometheus did not answer within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)"
             ) from None
         snapshot, self.report = await asyncio.to_thread(self._decode_and_build, series, times, queried_at, version)
+        self._evaluated = evaluated
         return snapshot
 
     def _decode_and_build(
