@@ -19,6 +19,7 @@ func TestMemoizedVerdictsEqualComputed(t *testing.T) {
 		policy.InterferenceWeight = interference
 		policy.Strategy = StrategyAuto // the modes below count under auto only
 		snapshot := &Snapshot{Nodes: map[string]*NodeMetrics{}}
+		unranked := &Snapshot{Nodes: map[string]*NodeMetrics{}} // the same nodes, judged without a memo
 		for n := range 20 {
 			name := fmt.Sprintf("node-%02d", n)
 			devices := map[string][]Device{}
@@ -32,6 +33,7 @@ func TestMemoizedVerdictsEqualComputed(t *testing.T) {
 				devices[resource] = list
 			}
 			snapshot.Nodes[name] = &NodeMetrics{Name: name, SampleTime: 100, Devices: devices}
+			unranked.Nodes[name] = &NodeMetrics{Name: name, SampleTime: 100, Devices: devices}
 		}
 		snapshot.Rank(&policy)
 		type question struct {
@@ -64,11 +66,16 @@ func TestMemoizedVerdictsEqualComputed(t *testing.T) {
 			rng.Shuffle(len(questions), func(i, j int) { questions[i], questions[j] = questions[j], questions[i] })
 			for _, q := range questions {
 				metrics := snapshot.Nodes[q.node]
-				want := EvaluateNode(q.node, metrics, q.request, &policy, 100, q.assumed, q.modes) // with reasons: no memo
+				want := EvaluateNode(q.node, unranked.Nodes[q.node], q.request, &policy, 100, q.assumed, q.modes)
 				got := evaluateNode(q.node, metrics, q.request, &policy, 100, q.assumed, q.modes, false)
-				if got.Passed != want.Passed || got.Score != want.Score || got.Outcome != want.Outcome {
+				if got.Passed != want.Passed || got.Score != want.Score || got.Outcome != want.Outcome || got.Reason != "" {
 					t.Fatalf("interference %g, round %d, %s %v assumed %v modes %v: memoized %+v, computed %+v",
 						interference, round, q.node, q.request, q.assumed, q.modes, got, want)
+				}
+				// Filter asks again with the reason text when a node fails: from the memo too, word for word.
+				if explained := EvaluateNode(q.node, metrics, q.request, &policy, 100, q.assumed, q.modes); explained != want {
+					t.Fatalf("interference %g, round %d, %s %v assumed %v modes %v: memoized with reasons %+v, computed %+v",
+						interference, round, q.node, q.request, q.assumed, q.modes, explained, want)
 				}
 			}
 		}
@@ -76,8 +83,8 @@ func TestMemoizedVerdictsEqualComputed(t *testing.T) {
 		for _, metrics := range snapshot.Nodes {
 			for i := range metrics.ranked {
 				if memo := metrics.ranked[i].memo.Load(); memo != nil {
-					for j := range memo {
-						if memo[j].Load()&memoSet != 0 {
+					for j := range memo.words {
+						if memo.words[j].Load()&memoSet != 0 {
 							filled++
 						}
 					}

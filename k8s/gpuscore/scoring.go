@@ -148,15 +148,20 @@ func (m *NodeMetrics) rankedResource(resource string) *rankedResource {
 	return nil
 }
 
-// partMemo remembers one resource's part of a node's verdict (without reasons) for the inputs a scheduling burst
-// repeats: each pod's cycle asks the same question of several hundred nodes, twice (Filter, Score), and a node's
-// answer changes only when a new snapshot arrives (a new memo) or its in-flight count moves. Entries are written
-// once, by whichever goroutine computes them first; a race computes the same value twice, never a different one.
-type partMemo [memoCounts * memoAssumed * 2]atomic.Uint32
+// partMemo remembers one resource's part of a node's verdict for the inputs a scheduling burst repeats: each pod's
+// cycle asks the same question of several hundred nodes, twice (Filter, Score), and a node's answer changes only
+// when a new snapshot arrives (a new memo) or its in-flight count moves. A failing part also keeps its reason text,
+// which Filter asks for on every node that fails. Entries are written once, by whichever goroutine computes them
+// first; a race computes the same value twice, never a different one.
+type partMemo struct {
+	words   [memoEntries]atomic.Uint32
+	reasons atomic.Pointer[[memoEntries]atomic.Pointer[string]] // made on the first failing part
+}
 
 const (
 	memoCounts  = 4  // devices asked of the resource: 1..4
 	memoAssumed = 16 // in-flight pods' devices on the node: 0..15
+	memoEntries = memoCounts * memoAssumed * 2
 	memoSet     = 1 << 31
 	memoPassed  = 1 << 30
 )
@@ -172,17 +177,18 @@ func memoIndex(count, assumed int, mode Mode) (int, bool) {
 	return i, true
 }
 
-// memoizedPart is evaluateResource (and withInterference) for the scheduling path, from r's memo when it holds
-// the answer. The memo is keyed by what a part depends on besides the snapshot and the policy it was ranked with
-// (the plugins that share a refresher share its args): the count, the in-flight devices of this resource and the
-// mode. Interference also reads the in-flight pods of the node's other resources, so with interference on only a
-// node without in-flight pods is memoized. A part passes or is overloaded, with a score: 32 bits hold it.
+// memoizedPart is evaluateResource (and withInterference) from r's memo when it holds the answer. The memo is
+// keyed by what a part depends on besides the snapshot and the policy it was ranked with (the plugins that share a
+// refresher share its args): the count, the in-flight devices of this resource and the mode. Interference also
+// reads the in-flight pods of the node's other resources, so with interference on only a node without in-flight
+// pods is memoized. A part passes or is overloaded, with a score: 32 bits hold it. With reasons, only a failing
+// part's text is kept (the scheduling path asks for no other).
 func memoizedPart(node string, metrics *NodeMetrics, r *rankedResource, want ResourceRequest, p *Policy,
-	assumed map[string]int, mode Mode) Verdict {
+	assumed map[string]int, mode Mode, reasons bool) Verdict {
 	compute := func() Verdict {
-		part := evaluateResource(node, metrics, r.devices, want, p, assumed[want.Resource], mode, false)
+		part := evaluateResource(node, metrics, r.devices, want, p, assumed[want.Resource], mode, reasons)
 		if part.Passed && mode == ModeSpread && p.InterferenceWeight > 0 {
-			part = withInterference(node, metrics, r.devices, want, p, assumed, part, false)
+			part = withInterference(node, metrics, r.devices, want, p, assumed, part, reasons)
 		}
 		return part
 	}
@@ -195,19 +201,35 @@ func memoizedPart(node string, metrics *NodeMetrics, r *rankedResource, want Res
 		r.memo.CompareAndSwap(nil, new(partMemo))
 		memo = r.memo.Load()
 	}
-	if word := memo[i].Load(); word&memoSet != 0 {
-		if word&memoPassed != 0 {
+	word := memo.words[i].Load()
+	switch {
+	case word&memoSet == 0:
+	case word&memoPassed != 0:
+		if !reasons {
 			return Verdict{true, int(word & 0xff), OutcomePass, ""}
 		}
+	case !reasons:
 		return Verdict{false, int(word & 0xff), OutcomeOverloaded, ""}
+	default:
+		if texts := memo.reasons.Load(); texts != nil {
+			if text := texts[i].Load(); text != nil {
+				return Verdict{false, int(word & 0xff), OutcomeOverloaded, *text}
+			}
+		}
 	}
 	part := compute()
-	word := uint32(memoSet) | uint32(part.Score)&0xff
+	word = uint32(memoSet) | uint32(part.Score)&0xff
 	switch {
 	case part.Passed && part.Outcome == OutcomePass:
-		memo[i].Store(word | memoPassed)
+		memo.words[i].Store(word | memoPassed)
 	case !part.Passed && part.Outcome == OutcomeOverloaded:
-		memo[i].Store(word)
+		memo.words[i].Store(word)
+		if reasons {
+			if memo.reasons.Load() == nil {
+				memo.reasons.CompareAndSwap(nil, new([memoEntries]atomic.Pointer[string]))
+			}
+			memo.reasons.Load()[i].Store(&part.Reason)
+		}
 	}
 	return part
 }
@@ -613,12 +635,18 @@ func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, 
 	var verdict Verdict // the lowest-scoring part (a value: a pointer to the loop's part cost a heap object per call)
 	for i, want := range request {
 		var part Verdict
-		ranked := metrics.rankedDevices(want.Resource, p)
+		var ranked []Device
+		r := metrics.rankedResource(want.Resource) // nil: an unranked snapshot (tests), or no such device
+		if r != nil {
+			ranked = r.devices
+		} else if metrics.ranked == nil {
+			ranked = byLoad(metrics.Devices[want.Resource], p)
+		}
 		if len(ranked) == 0 {
 			why := func() string { return fmt.Sprintf("no %s %s in the metrics", want.Resource, deviceWord(want.Resource)) }
 			part = missing(node, why, p, reasons)
-		} else if r := metrics.rankedResource(want.Resource); r != nil && !reasons {
-			part = memoizedPart(node, metrics, r, want, p, assumed, p.modeFor(want.Resource, modes))
+		} else if r != nil {
+			part = memoizedPart(node, metrics, r, want, p, assumed, p.modeFor(want.Resource, modes), reasons)
 		} else {
 			mode := p.modeFor(want.Resource, modes)
 			part = evaluateResource(node, metrics, ranked, want, p, assumed[want.Resource], mode, reasons)

@@ -143,13 +143,19 @@ func BuildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 		}
 	}
 	snapshot := &Snapshot{Nodes: map[string]*NodeMetrics{}, Version: version}
+	// One string per resource name for the whole snapshot: Filter and Score compare the pod's resource with each
+	// node's, and bytes shared by every node stay in the CPU's cache where a copy per node would not.
+	migResources := map[string]string{}
 	for _, key := range order {
 		acc := devices[key]
 		var resource, deviceName string
 		var util *float64
 		if key.instance != "" {
 			if acc.profile != "" {
-				resource = MIGResourcePrefix + acc.profile
+				if resource = migResources[acc.profile]; resource == "" {
+					resource = MIGResourcePrefix + acc.profile
+					migResources[acc.profile] = resource
+				}
 			}
 			util = acc.grActive
 			deviceName = key.gpu + "/" + key.instance
