@@ -8,7 +8,10 @@ set, both host label spellings, fields no decision reads), for each way of askin
 - ``reduced``: the same series aggregated by the labels decisions read (metrics_source.prometheus_queries,
   PROMETHEUS_QUERY=raw);
 - ``recorded``: the recording rules' series, one per device and one sample time per node
-  (metrics_source.recording_rules, loaded into the benchmark's Prometheus; PROMETHEUS_QUERY=recorded).
+  (metrics_source.recording_rules, loaded into the benchmark's Prometheus; PROMETHEUS_QUERY=recorded), read
+  after the one query that says when the rules last ran (RECORDED_EVALUATION_QUERY);
+- ``unchanged``: a recorded refresh when the rules did not run since the last one: that query alone, the
+  snapshot kept (the refreshes between two evaluations of the rule group: most of them at thousands of nodes).
 
     python3 benchmarks/bench_metrics_refresh.py [--nodes 1000,5000] [--repeat 3]
 
@@ -81,6 +84,20 @@ async def refresh(url: str, queries: tuple[str, str]) -> tuple[float, int]:
         await source.aclose()
 
 
+async def unchanged_refresh(url: str) -> float:
+    """Wall seconds of a recorded refresh that finds the rule group not evaluated since the last one."""
+    source = PrometheusSource(url, NODE_LABELS, timeout=300.0, matchers=MATCHERS, query=RECORDED)
+    try:
+        await source.fetch(1)
+        for _ in range(10):  # an evaluation may land in between: then that refresh reads, and the next is measured
+            began = time.perf_counter()
+            if await source.fetch(2) is None:
+                return time.perf_counter() - began
+        raise RuntimeError("the rule group was evaluated again before every one of 10 refreshes")
+    finally:
+        await source.aclose()
+
+
 def rule_evaluation(url: str) -> str:
     """The rule group's last evaluation time and each rule's, as Prometheus reports them (/api/v1/rules)."""
     groups = httpx.get(f"{url}/api/v1/rules", timeout=60).json()["data"]["groups"]
@@ -104,6 +121,7 @@ def measure(url: str, ways: dict[str, tuple[str, str]], repeat: int) -> dict[str
             record.setdefault("wall", []).append(wall)
             record.setdefault("nodes", []).append(nodes)
             record.setdefault("load", []).append(os.getloadavg()[0])
+        figures.setdefault("unchanged", {}).setdefault("wall", []).append(asyncio.run(unchanged_refresh(url)))
     return figures
 
 
@@ -133,6 +151,7 @@ def main() -> int:
             )
             figures = measure(url, ways, args.repeat)
             print(f"  recording rules: {rule_evaluation(url)}")
+        unchanged = figures.pop("unchanged")["wall"]
         for way, record in figures.items():
             med = {key: statistics.median(values) for key, values in record.items()}
             wire = med["series wire"] + med["times wire"]
@@ -144,6 +163,10 @@ def main() -> int:
                 f"decoded; {med['series count']:.0f} series; {med['nodes']:.0f} nodes in the snapshot; "
                 f"load average {min(record['load']):.1f}-{max(record['load']):.1f}"
             )
+        print(
+            f"  unchanged refresh median {statistics.median(unchanged):.3f} s (worst {max(unchanged):.3f} s): "
+            "recorded, the rules not evaluated since the last refresh (one query, the snapshot kept)"
+        )
         full, reduced, recorded = (statistics.median(figures[way]["wall"]) for way in ways)
         print(f"  ratio reduced / full wall time: {reduced / full:.2f}; recorded / full: {recorded / full:.2f}")
     return 0
