@@ -209,11 +209,14 @@ func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*Snapshot
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
+	timedOut := fmt.Errorf("Prometheus did not answer both queries within prometheusTimeoutSeconds (%gs)", p.timeout.Seconds())
 	evaluated := ""
 	if p.recorded {
+		// As the extender words it: three queries here, the probe first.
+		timedOut = fmt.Errorf("Prometheus did not answer within prometheusTimeoutSeconds (%gs)", p.timeout.Seconds())
 		probe, err := p.query(ctx, RecordedEvaluationQuery, authorization)
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("Prometheus did not answer within prometheusTimeoutSeconds (%gs)", p.timeout.Seconds())
+			return nil, timedOut
 		}
 		if err != nil {
 			return nil, err
@@ -230,7 +233,7 @@ func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*Snapshot
 	go func() { defer wg.Done(); times, timesErr = p.query(ctx, p.timesQuery, authorization) }()
 	wg.Wait()
 	if ctx.Err() != nil {
-		return nil, fmt.Errorf("Prometheus did not answer both queries within prometheusTimeoutSeconds (%gs)", p.timeout.Seconds())
+		return nil, timedOut
 	}
 	if seriesErr != nil {
 		return nil, seriesErr

@@ -102,3 +102,22 @@ func TestRecordedSourceAsksForTheRecordedSeriesOncePerEvaluation(t *testing.T) {
 		t.Error("an unchanged evaluation replaced the view")
 	}
 }
+
+// A Prometheus slower than prometheusTimeoutSeconds: the recorded refresh fails with the extender's words.
+func TestRecordedSourceTimesOutWithTheExtendersMessage(t *testing.T) {
+	release := make(chan struct{})
+	server := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer server.Close()
+	defer close(release)
+	source := NewPrometheusSource(server.URL, []string{"Hostname"}, 100*time.Millisecond, 5, "")
+	source.UseRecorded()
+	snapshot, err := source.Fetch(context.Background(), 1)
+	if snapshot != nil || err == nil || err.Error() != "Prometheus did not answer within prometheusTimeoutSeconds (0.1s)" {
+		t.Errorf("snapshot %v, error %v", snapshot, err)
+	}
+}
