@@ -185,13 +185,7 @@ func memoIndex(count, assumed int, mode Mode) (int, bool) {
 // part's text is kept (the scheduling path asks for no other).
 func memoizedPart(node string, metrics *NodeMetrics, r *rankedResource, want ResourceRequest, p *Policy,
 	assumed map[string]int, mode Mode, reasons bool) Verdict {
-	compute := func() Verdict {
-		part := evaluateResource(node, metrics, r.devices, want, p, assumed[want.Resource], mode, reasons)
-		if part.Passed && mode == ModeSpread && p.InterferenceWeight > 0 {
-			part = withInterference(node, metrics, r.devices, want, p, assumed, part, reasons)
-		}
-		return part
-	}
+	compute := func() Verdict { return judgePart(node, metrics, r.devices, want, p, assumed, mode, reasons) }
 	i, ok := memoIndex(want.Count, assumed[want.Resource], mode)
 	if !ok || (p.InterferenceWeight > 0 && len(assumed) > 0) {
 		return compute()
@@ -230,6 +224,16 @@ func memoizedPart(node string, metrics *NodeMetrics, r *rankedResource, want Res
 			}
 			memo.reasons.Load()[i].Store(&part.Reason)
 		}
+	}
+	return part
+}
+
+// judgePart is one resource's part of a node's verdict: evaluateResource, then interference for spread.
+func judgePart(node string, metrics *NodeMetrics, ranked []Device, want ResourceRequest, p *Policy,
+	assumed map[string]int, mode Mode, reasons bool) Verdict {
+	part := evaluateResource(node, metrics, ranked, want, p, assumed[want.Resource], mode, reasons)
+	if part.Passed && mode == ModeSpread && p.InterferenceWeight > 0 {
+		part = withInterference(node, metrics, ranked, want, p, assumed, part, reasons)
 	}
 	return part
 }
@@ -648,11 +652,7 @@ func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, 
 		} else if r != nil {
 			part = memoizedPart(node, metrics, r, want, p, assumed, p.modeFor(want.Resource, modes), reasons)
 		} else {
-			mode := p.modeFor(want.Resource, modes)
-			part = evaluateResource(node, metrics, ranked, want, p, assumed[want.Resource], mode, reasons)
-			if part.Passed && mode == ModeSpread && p.InterferenceWeight > 0 {
-				part = withInterference(node, metrics, ranked, want, p, assumed, part, reasons)
-			}
+			part = judgePart(node, metrics, ranked, want, p, assumed, p.modeFor(want.Resource, modes), reasons)
 		}
 		if !part.Passed {
 			return part
