@@ -386,10 +386,31 @@ def test_attack_is_refused_saying_why(hostile, name, change, message):
     assert message in text, text
 
 
-def test_whole_gpu_in_a_mig_only_namespace_is_refused_by_the_quota(hostile):
-    status, text = refusal(hostile.core, legitimate_pod("whole-gpu", {"nvidia.com/gpu": "1"}))
-    assert status == 403
-    assert "exceeded quota: gpufleet-gpu" in text and "limited: requests.nvidia.com/gpu=0" in text, text
+@pytest.mark.parametrize(
+    ("resources", "where"),
+    [
+        ({"nvidia.com/gpu": "1"}, "limits"),  # a whole GPU: the pool has only MIG instances
+        ({"nvidia.com/mig-3g.40gb": "1"}, "limits"),  # imagegen's profile, not finnlp's
+        # requests alone: refused by validation before admission (extended resources need limits)
+    ],
+    ids=["whole-gpu", "other-pools-profile"],
+)
+def test_a_gpu_resource_the_pool_does_not_offer_is_refused_naming_the_pools_resources(hostile, resources, where):
+    pod = legitimate_pod("foreign-" + next(iter(resources)).split("/")[1].replace(".", "-"))
+    main_container(pod["spec"])["resources"] = {where: resources}
+    status, text = refusal(hostile.core, pod)
+    assert status == 403, text
+    asked = next(iter(resources))
+    assert (
+        f"container(s) main ({asked}) ask for GPU resources its pool does not offer; "
+        "pool finnlp (gpufleet.io/tenant=finnlp) offers nvidia.com/mig-1g.10gb" in text
+    ), text
+
+
+def test_the_quota_holds_a_resource_the_pool_lacks_at_zero(core, tenants_applied):
+    """Behind the admission policy, the quota would refuse the same pod: a pool's resources are counted there too."""
+    quotas = {q.metadata.name: q for q in core.list_namespaced_resource_quota(NAMESPACE).items}
+    assert quotas["gpufleet-gpu"].spec.hard["requests.nvidia.com/gpu"] == "0"
 
 
 def test_cpu_beyond_the_namespace_quota_is_refused(hostile):

@@ -1,0 +1,208 @@
+"""The tenant workloads of `examples/`, as a user submits them, against the real apiserver with every object the
+tenants role renders for the lab inventory (admission policies, Pod Security, quotas, RBAC, pool labels and taints):
+
+- each example is created as its tenant's own identity (a user in the group the role's RoleBinding names), admitted,
+  and within quota: the pods its controller makes pass admission too;
+- the device-plugin forms are bound by gpufleet-scheduler (the GPUScore plugin, the kube_scheduler role's plugin-mode
+  configuration) to nodes of the tenant's pool, every replica;
+- the DRA forms are admitted as they are (the pod templates and the tenant's own ResourceClaimTemplate), through
+  server-side dry run: allocating claims needs the DRA driver's ResourceSlices (test_dra_allocation.py covers that).
+
+The examples name no scheduler (the static-pod mode's default scheduler calls the extender); as each file says, a
+plugin-mode fleet adds `schedulerName: gpufleet-scheduler`, which is what this test does."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import FakeKubelet, lab_hostvars, lab_node_resources, wait_for
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import dynamic
+from kubernetes.client.rest import ApiException
+from support import REPO, try_render
+from test_scheduler_plugin import SCHEDULER, FakePrometheus, _plugin_scheduler
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = REPO / "examples"
+KEY = "gpufleet.io/tenant"
+WORKLOAD_KINDS = {"Deployment", "Job"}
+
+
+def documents(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def pod_template(doc: dict) -> dict:
+    return doc["spec"]["template"]
+
+
+def tenant_of(doc: dict) -> str:
+    return pod_template(doc)["spec"]["nodeSelector"][KEY]
+
+
+@pytest.fixture(scope="module")
+def pools(control_plane, core, tmp_path_factory):
+    """The lab's GPU nodes registered with the allocatable their layouts imply, the tenants role applied: each
+    tenant's pool nodes."""
+    hostvars = lab_hostvars()
+    gpu_hosts = {host: vars_ for host, vars_ in hostvars.items() if "mig_partition_config" in vars_}
+    kubelet = FakeKubelet(core, {host: lab_node_resources(vars_) for host, vars_ in gpu_hosts.items()}).register()
+    extra = {"gpufleet_k8s_mode": "apply", "gpufleet_kubeconfig": str(control_plane.kubeconfig)}
+    result, _ = try_render(["gpufleet.mig.tenants"], tmp_path_factory.mktemp("tenants"), extra_vars=extra)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    members: dict[str, set[str]] = {}
+    for host, vars_ in gpu_hosts.items():
+        members.setdefault(vars_["gpufleet_tenant"], set()).add(host)
+    wait_for(
+        lambda: all(q.status and q.status.hard for q in core.list_resource_quota_for_all_namespaces().items),
+        timeout=60,
+        what="the quota controller to compute the tenants' quotas",
+    )
+    yield members
+    kubelet.stop()
+
+
+@pytest.fixture(scope="module")
+def tenant_api(control_plane):
+    """Each tenant's own API client: a user in the group gpufleet:<tenant> that the rendered RoleBinding names."""
+    clients: dict[str, k8s.ApiClient] = {}
+
+    def api(tenant: str) -> k8s.ApiClient:
+        if tenant not in clients:
+            path = control_plane.user_kubeconfig(f"{tenant}-user", (f"gpufleet:{tenant}",))
+            clients[tenant] = k8s_config.new_client_from_config(config_file=str(path))
+        return clients[tenant]
+
+    return api
+
+
+def create(api: k8s.ApiClient, doc: dict, dry_run: bool = False) -> None:
+    resource = dynamic.DynamicClient(api).resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+    try:
+        resource.create(body=doc, namespace=doc["metadata"]["namespace"], dry_run="All" if dry_run else None)
+    except ApiException as err:
+        pytest.fail(f"{doc['kind']} {doc['metadata']['name']} refused: {err.status} {err.body}")
+
+
+def as_pod(doc: dict, name: str) -> dict:
+    """The pod the workload's controller would create from its template (what pod admission and quota judge)."""
+    template = copy.deepcopy(pod_template(doc))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": doc["metadata"]["namespace"], **template.get("metadata", {})},
+        "spec": template["spec"],
+    }
+
+
+@pytest.mark.parametrize("form", ["device-plugin", "dra"])
+def test_every_example_is_admitted_as_its_tenant_with_pods_within_quota(pools, tenant_api, form):
+    files = sorted((EXAMPLES / form).glob("*.yaml"))
+    assert len(files) == 3, files
+    for path in files:
+        docs = documents(path)
+        tenant = tenant_of(next(d for d in docs if d["kind"] in WORKLOAD_KINDS))
+        assert tenant in pools, (path.name, tenant)
+        for doc in docs:
+            create(tenant_api(tenant), doc, dry_run=True)
+            if doc["kind"] in WORKLOAD_KINDS:
+                create(tenant_api(tenant), as_pod(doc, f"{doc['metadata']['name']}-probe"), dry_run=True)
+
+
+def test_a_pod_for_a_resource_its_pool_lacks_is_refused_naming_the_pools_resources(pools, tenant_api):
+    doc = next(d for d in documents(EXAMPLES / "device-plugin" / "imagegen-job.yaml") if d["kind"] == "Job")
+    pod = as_pod(doc, "sdxl-whole-gpu")
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    del limits["nvidia.com/mig-3g.40gb"]
+    limits["nvidia.com/gpu"] = "1"
+    with pytest.raises(ApiException) as refused:
+        k8s.CoreV1Api(tenant_api("imagegen")).create_namespaced_pod("imagegen", pod)
+    assert refused.value.status == 403
+    text = " ".join(refused.value.body.split())
+    assert "container(s) render (nvidia.com/gpu) ask for GPU resources its pool does not offer" in text, text
+    assert "offers nvidia.com/mig-1g.10gb, nvidia.com/mig-2g.20gb, nvidia.com/mig-3g.40gb" in text, text
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    fake = FakePrometheus(tmp_path)
+    yield fake
+    fake.close()
+
+
+def test_device_plugin_examples_are_bound_into_their_pools_by_gpufleet_scheduler(
+    control_plane, core, api, pools, tenant_api, prometheus, tmp_path
+):
+    # Quiet finnlp instances in Prometheus; the other pools have no series (onMissingMetrics: allow).
+    prometheus.set_loads({host: [0.1] * 24 for host in pools["finnlp"]})
+    scheduler = _plugin_scheduler(control_plane, prometheus, tmp_path)
+    next(scheduler)
+    try:
+        expected: dict[str, tuple[str, str, int]] = {}  # workload -> (tenant, namespace, pods)
+        for path in sorted((EXAMPLES / "device-plugin").glob("*.yaml")):
+            for doc in documents(path):
+                doc = copy.deepcopy(doc)
+                if doc["kind"] not in WORKLOAD_KINDS:
+                    continue
+                tenant, namespace = tenant_of(doc), doc["metadata"]["namespace"]
+                pod_template(doc)["spec"]["schedulerName"] = SCHEDULER
+                claims = [
+                    v["persistentVolumeClaim"]["claimName"]
+                    for v in pod_template(doc)["spec"].get("volumes", [])
+                    if "persistentVolumeClaim" in v
+                ]
+                for claim in claims:  # the model weights' volume: an admin's PV, the tenant's claim
+                    provide_volume(core, k8s.CoreV1Api(tenant_api(tenant)), namespace, claim)
+                create(tenant_api(tenant), doc)
+                spec = doc["spec"]
+                expected[doc["metadata"]["name"]] = (
+                    tenant,
+                    namespace,
+                    spec.get("replicas", spec.get("parallelism", 1)),
+                )
+
+        def bound():
+            placed = {}
+            for name, (_, namespace, _) in expected.items():
+                pods = core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/name={name}").items
+                placed[name] = [p.spec.node_name for p in pods if p.spec.node_name]
+            return placed if all(len(placed[n]) == expected[n][2] for n in expected) else None
+
+        placed = wait_for(bound, timeout=90, interval=0.5, what="every example pod to be bound")
+        for name, nodes in placed.items():
+            tenant = expected[name][0]
+            assert set(nodes) <= pools[tenant], (name, nodes, sorted(pools[tenant]))
+    finally:
+        next(scheduler, None)
+
+
+def provide_volume(admin: k8s.CoreV1Api, tenant: k8s.CoreV1Api, namespace: str, claim: str) -> None:
+    name = f"{namespace}-{claim}"
+    admin.create_persistent_volume(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "capacity": {"storage": "200Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "hostPath": {"path": f"/srv/{name}"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        }
+    )
+    tenant.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": claim},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "volumeName": name,
+                "storageClassName": "",
+                "resources": {"requests": {"storage": "200Gi"}},
+            },
+        },
+    )
