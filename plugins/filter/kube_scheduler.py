@@ -1,6 +1,7 @@
 # Copyright: gpufleet maintainers
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-"""Filters of the kube_scheduler role: validate a KubeSchedulerConfiguration, patch the kubeadm static pod manifest.
+"""Filters of the kube_scheduler role: validate a KubeSchedulerConfiguration, patch the kubeadm static pod manifest
+and take the patch out again (uninstall).
 
 The logic lives in module_utils/kube_scheduler_config.py (unit-tested there); these are thin Ansible adapters.
 """
@@ -10,6 +11,7 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.kube_scheduler_config
     ManifestError,
     patch_static_pod_manifest,
     scheduler_config_errors,
+    unpatch_static_pod_manifest,
 )
 
 
@@ -30,9 +32,18 @@ def kube_scheduler_patch_manifest(manifest, config_file, config_dir, config_hash
         raise AnsibleFilterError(f"kube_scheduler_patch_manifest: {err}") from err
 
 
+def kube_scheduler_unpatch_manifest(manifest, config_file):
+    """The manifest without gpufleet's --config argument, config volume and mount, and hash annotation."""
+    try:
+        return unpatch_static_pod_manifest(manifest, str(config_file))
+    except ManifestError as err:
+        raise AnsibleFilterError(f"kube_scheduler_unpatch_manifest: {err}") from err
+
+
 class FilterModule:
     def filters(self):
         return {
             "kube_scheduler_config_errors": kube_scheduler_config_errors,
             "kube_scheduler_patch_manifest": kube_scheduler_patch_manifest,
+            "kube_scheduler_unpatch_manifest": kube_scheduler_unpatch_manifest,
         }

@@ -590,3 +590,38 @@ def patch_static_pod_manifest(
     metadata = patched.setdefault("metadata", {})
     metadata["annotations"] = dict(metadata.get("annotations") or {}, **{hash_annotation: config_hash})
     return patched
+
+
+def unpatch_static_pod_manifest(
+    manifest: dict[str, Any],
+    config_file: str,
+    volume_name: str = "gpufleet-scheduler-config",
+    hash_annotation: str = "gpufleet.io/scheduler-config-hash",
+    container_name: str = "kube-scheduler",
+) -> dict[str, Any]:
+    """`manifest` without what `patch_static_pod_manifest` added: the `--config=<config_file>` argument, the config
+    directory's volume and mount, the hash annotation (and the annotations map when nothing else is left in it).
+
+    A manifest that was never patched comes back equal. A `--config` naming another file is not gpufleet's and stays.
+    """
+    restored = copy.deepcopy(manifest)
+    container = _scheduler_container(restored, container_name)
+    field = _flags_field(container)
+    container[field] = [a for a in container.get(field) or [] if a != f"--config={config_file}"]
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != volume_name]
+    if mounts:
+        container["volumeMounts"] = mounts
+    else:
+        container.pop("volumeMounts", None)
+    volumes = [v for v in restored["spec"].get("volumes") or [] if v.get("name") != volume_name]
+    if volumes:
+        restored["spec"]["volumes"] = volumes
+    else:
+        restored["spec"].pop("volumes", None)
+    metadata = restored.get("metadata") or {}
+    annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != hash_annotation}
+    if annotations:
+        metadata["annotations"] = annotations
+    else:
+        metadata.pop("annotations", None)
+    return restored

@@ -25,6 +25,7 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.kube_scheduler_config
     parse_go_duration,
     patch_static_pod_manifest,
     scheduler_config_errors,
+    unpatch_static_pod_manifest,
 )
 
 KUBEADM_MANIFEST = REPO / "extensions/molecule/kube_scheduler_static_pod/files/kube-scheduler.yaml"
@@ -363,6 +364,29 @@ def test_flags_in_args_are_patched_there(kubeadm_manifest):
     patched = scheduler_container(patch_static_pod_manifest(kubeadm_manifest, CONFIG_FILE, CONFIG_DIR, "abc123"))
     assert patched["command"] == ["kube-scheduler"]
     assert patched["args"][-1] == f"--config={CONFIG_FILE}"
+
+
+@pytest.mark.parametrize("annotations", [None, {"kubeadm.kubernetes.io/etcd.advertise-client-urls": "x"}])
+@pytest.mark.parametrize("field", ["command", "args"])
+def test_unpatch_gives_back_the_manifest_as_it_was(kubeadm_manifest, annotations, field):
+    if annotations:
+        kubeadm_manifest["metadata"]["annotations"] = annotations
+    if field == "args":
+        container = scheduler_container(kubeadm_manifest)
+        container["args"] = container["command"][1:]
+        container["command"] = ["kube-scheduler"]
+    before = copy.deepcopy(kubeadm_manifest)
+    patched = patch_static_pod_manifest(kubeadm_manifest, CONFIG_FILE, CONFIG_DIR, "abc123")
+    patched = patch_static_pod_manifest(patched, CONFIG_FILE, CONFIG_DIR, "def456")  # a second rollout
+    assert unpatch_static_pod_manifest(patched, CONFIG_FILE) == before
+    assert unpatch_static_pod_manifest(before, CONFIG_FILE) == before  # never patched: unchanged
+    assert kubeadm_manifest == before
+
+
+def test_unpatch_keeps_a_config_flag_that_is_not_gpufleets(kubeadm_manifest):
+    scheduler_container(kubeadm_manifest)["command"].append("--config=/etc/kubernetes/site.yaml")
+    restored = unpatch_static_pod_manifest(kubeadm_manifest, CONFIG_FILE)
+    assert "--config=/etc/kubernetes/site.yaml" in scheduler_container(restored)["command"]
 
 
 def test_the_patched_manifest_is_a_valid_pod(kubeadm_manifest):
