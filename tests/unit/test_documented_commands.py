@@ -30,7 +30,12 @@ from support import collections_path  # noqa: E402
 
 COLLECTIONS_PATH = collections_path()  # also makes ansible_collections.gpufleet.mig importable
 BIN = Path(sys.executable).parent
-DOCS = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")), "extender/README.md"]
+DOCS = [
+    "README.md",
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
+    "extender/README.md",
+    "examples/README.md",
+]
 BOOT_APPLY = "ansible_collections.gpufleet.mig.plugins.module_utils.boot_apply"
 SHELL_TAGS = {"sh", "console", "bash"}
 NOT_CHECKED_TAGS = {"text"}  # program output and directory listings, not input (the layout listing is checked below)
@@ -218,6 +223,28 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
             config = (REPO / "extender/src/gpufleet_extender/config.py").read_text()
             for setting in (args[i + 1].split("=")[0] for i, a in enumerate(args) if a == "-e"):
                 assert setting in config, f"{block}: {setting} is no extender setting"
+    elif program == "cp":
+        # `cp -r inventories/example inventories/mine`: the source exists; later commands may name the copy.
+        source, target = [a for a in args if not a.startswith("-")]
+        assert (REPO / source).exists(), f"{block}: {source} does not exist"
+        built.add(f"copy={target}={source}")
+    elif program == "grep":
+        # A search in the repository (or a copy the block made): run it on the original, it must find something.
+        copies = dict(b[5:].split("=", 1) for b in built if b.startswith("copy="))
+        paths = [copies.get(a, a) for a in args if not a.startswith("-")]
+        pattern, paths = paths[0], paths[1:]
+        assert paths and all((REPO / path).exists() for path in paths), f"{block}: {command}: no such path"
+        _run(["grep", *[a for a in args if a.startswith("-")], pattern, *paths])
+    elif program == "kubectl":
+        # The files a kubectl command applies exist and are what the command's namespace says.
+        files = [args[i + 1] for i, a in enumerate(args) if a == "-f"]
+        assert files, f"{block}: {command}: no check for kubectl without -f"
+        namespace = args[args.index("--namespace") + 1] if "--namespace" in args else None
+        for path in files:
+            assert (REPO / path).is_file(), f"{block}: {path} does not exist"
+            for doc in yaml.safe_load_all((REPO / path).read_text()):
+                if doc and namespace:
+                    assert doc["metadata"].get("namespace") == namespace, f"{block}: {path} is not in {namespace}"
     elif program == "pip":
         requirement = re.match(r"[A-Za-z0-9_.-]+", args[1]).group(0)
         assert requirement in (REPO / "requirements.txt").read_text(), f"{block}: {requirement} not in requirements.txt"
@@ -423,3 +450,56 @@ def test_the_layout_filters_are_documented():
     docs = json.loads(_run([str(BIN / "ansible-doc"), "-t", "filter", "--json", *names]))
     for name in names:
         assert docs[name]["doc"]["short_description"] and docs[name]["examples"], name
+
+
+# --- defaults a page states -------------------------------------------------------------------------------------
+
+ROLE_DEFAULTS = {
+    name: value
+    for path in sorted(ROLES.glob("*/defaults/main.yml"))
+    for name, value in (yaml.safe_load(path.read_text()) or {}).items()
+}
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def documented_defaults() -> list[tuple[str, str, str]]:
+    """(page, variable, value) for every row of a Markdown table with a `default` column whose first cell names a
+    role variable (`name`) and whose default cell is one literal (`value`); prose in that cell is not checked."""
+    rows = []
+    for doc in DOCS:
+        column = None
+        for line in (REPO / doc).read_text(encoding="utf-8").splitlines():
+            if not line.startswith("|"):
+                column = None
+                continue
+            cells = _cells(line)
+            if column is None:
+                lowered = [c.lower() for c in cells]
+                column = lowered.index("default") if "default" in lowered else -1
+                continue
+            if column < 0 or column >= len(cells) or set(line) <= set("|-: "):
+                continue
+            name = re.fullmatch(r"`([a-z][a-z0-9_]+)`(?: \(.*\))?", cells[0])
+            value = re.fullmatch(r"`([^`]*)`", cells[column])
+            if name and value and name.group(1) in ROLE_DEFAULTS:
+                rows.append((doc, name.group(1), value.group(1)))
+    return rows
+
+
+@pytest.mark.parametrize(("doc", "name", "value"), documented_defaults(), ids=lambda x: str(x))
+def test_every_default_a_table_states_is_the_roles(doc, name, value):
+    """A page's table that gives a role variable and its value must give the role's default: a default changed in
+    the role and not in the page fails here."""
+    default = ROLE_DEFAULTS[name]
+    stated = yaml.safe_load(value) if value not in ("", "null") else None
+    if isinstance(default, str) and "{{" in default:
+        # A computed default may be written as its template or as the bare expression inside it.
+        inner = re.fullmatch(r"\{\{\s*(.*?)\s*\}\}", default.strip())
+        assert value in (default.strip(), inner and inner.group(1)), (
+            f"{doc}: {name} is `{value}`, the role's default is `{default.strip()}`"
+        )
+    else:
+        assert stated == default, f"{doc}: {name} is `{value}`, the role's default is `{default}`"

@@ -4,10 +4,16 @@ a feature switched off takes its object away (apply) or its file (render)."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import re
+import threading
+import time
 
 import pytest
-from conftest import FakeKubelet, lab_hostvars, lab_node_resources
+from conftest import FakeKubelet, ensure_namespace, lab_hostvars, lab_node_resources, wait_for
+from controlplane import serving_files
+from kubernetes import client as k8s
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
 from support import run_playbook, try_render
@@ -26,10 +32,36 @@ def lab_nodes(core):
     kubelet.stop()
 
 
+# What the install guide has an operator provide before site.yml: the extender's TLS Secret (no cert-manager on the
+# test cluster), the Prometheus readers' token (the roles store it in their Secrets), and the fleet's own images
+# pushed to a registry. Preflight checks each of them.
+INSTALL_VARS = {
+    "gpu_extender_tls_source": "secret",
+    "gpu_extender_prometheus_token": "reader-token",
+    "kube_scheduler_prometheus_token": "reader-token",
+    "descheduler_prometheus_token": "reader-token",
+    "gpu_extender_image": "registry.invalid/gpufleet/gpufleet-extender:0.1.0",
+    "kube_scheduler_plugin_image": "registry.invalid/gpufleet/gpufleet-scheduler:v1.36.3",
+}
+
+
+def create_tls_secret(core, directory) -> None:
+    files = serving_files(directory, "extender", ("gpufleet-extender.gpufleet-system.svc",))
+    ensure_namespace(core, "gpufleet-system")
+    data = {name: base64.b64encode(path.read_bytes()).decode() for name, path in files.items()}
+    secret = {"metadata": {"name": "gpufleet-extender-tls"}, "type": "kubernetes.io/tls", "data": data}
+    try:
+        core.create_namespaced_secret("gpufleet-system", secret)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+
+
 @pytest.fixture(scope="module")
-def site_run(control_plane, lab_nodes, tmp_path_factory):
+def site_run(control_plane, core, lab_nodes, tmp_path_factory):
     """Run site.yml in apply mode; the lab's state (simulated GPUs, host files) in a directory of its own."""
     lab_dir = tmp_path_factory.mktemp("lab")
+    create_tls_secret(core, lab_dir / "pki")
 
     def run(extra: dict | None = None, playbook: str = "playbooks/site.yml"):
         extra_vars = {
@@ -37,8 +69,7 @@ def site_run(control_plane, lab_nodes, tmp_path_factory):
             "gpufleet_kubeconfig": str(control_plane.kubeconfig),
             "gpufleet_lab_dir": str(lab_dir),
             "mig_partition_serial": "100%",
-            # No cert-manager on the test cluster: the extender's TLS Secret counts as provided.
-            "gpu_extender_tls_source": "secret",
+            **INSTALL_VARS,
             **(extra or {}),
         }
         result = run_playbook(playbook, "inventories/lab", extra_vars, lab_dir)
@@ -147,3 +178,207 @@ def test_a_feature_switched_off_is_removed_in_apply_and_render_mode(api, control
     extender_role({**render, "gpufleet_manifests_dir": str(manifests)}, False, "render-off")
     assert not (manifests / "gpu_extender" / "network-policy.yaml").exists()
     assert (manifests / "gpu_extender" / "deployment.yaml").exists()
+
+
+# --- after the deploy: verify.yml, a broken install, uninstall.yml -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def running_fleet(control_plane, core, lab_nodes, tmp_path_factory):
+    """What a cluster adds to the applied objects: a node for the fleet's own Deployments, a default scheduler that
+    places them and the node agents, a kubelet that reports their pods running and ready, and gpufleet-scheduler
+    (the lab deploys the plugin mode) reading a Prometheus, which binds the canaries."""
+    from test_scheduler_plugin import FakePrometheus, _plugin_scheduler
+
+    workdir = tmp_path_factory.mktemp("running-fleet")
+    # Two untainted nodes outside the pools for the fleet's own Deployments (the extender spreads its replicas one per
+    # node), labelled with their hostname as a kubelet labels its node.
+    others = ("hk-cp-01", "hk-cp-02")
+    hostnames = {name: {"kubernetes.io/hostname": name} for name in others}
+    kubelet = FakeKubelet(core, {name: {} for name in others}, labels=hostnames).register()
+    kubelet.allocatable.update({host: {} for host in lab_nodes})  # ours too: run and finish their pods
+    kubelet.start()
+    default = control_plane.start_scheduler(name="default-scheduler-verify")
+    prometheus = FakePrometheus(workdir)
+    plugin = _plugin_scheduler(control_plane, prometheus, workdir)
+    next(plugin)
+    stop = threading.Event()
+
+    def report_running():
+        while not stop.wait(0.5):
+            with contextlib.suppress(ApiException):
+                kubelet.run_pods()
+
+    reporter = threading.Thread(target=report_running, daemon=True)
+    reporter.start()
+    yield kubelet
+    stop.set()
+    reporter.join(5)
+    next(plugin, None)
+    control_plane.stop_component(default)
+    prometheus.close()
+    kubelet.stop()
+
+
+def run_lab_playbook(control_plane, tmp_path, playbook: str, extra: dict | None = None):
+    extra_vars = {
+        "gpufleet_k8s_mode": "apply",
+        "gpufleet_kubeconfig": str(control_plane.kubeconfig),
+        "gpufleet_lab_dir": str(tmp_path / "lab"),
+        **INSTALL_VARS,
+        **(extra or {}),
+    }
+    return run_playbook(playbook, "inventories/lab", extra_vars, tmp_path)
+
+
+def verify(control_plane, tmp_path, **extra):
+    return run_lab_playbook(control_plane, tmp_path, "playbooks/verify.yml", extra)
+
+
+def test_verify_passes_on_the_deployed_fleet_with_a_canary_bound_in_each_pool(control_plane, running_fleet, tmp_path):
+    # The node agents and the fleet's Deployments become ready as the fake kubelet reports their pods.
+    deadline, result = time.monotonic() + 180, None
+    while result is None or (result.returncode != 0 and time.monotonic() < deadline):
+        result = verify(control_plane, tmp_path, verify_canary=False)
+    assert result.returncode == 0, result.stdout[-6000:]
+    result = verify(control_plane, tmp_path)
+    assert result.returncode == 0, result.stdout[-6000:]
+    for tenant, nodes in (("llm", 10), ("imagegen", 6), ("finnlp", 4)):
+        line = re.search(rf"{tenant}: {nodes} node\(s\), OK; canary bound to (hk-gpu-\d+)", result.stdout)
+        assert line, result.stdout[-4000:]
+    assert recap(result.stdout)["localhost"]["failed"] == 0
+
+
+def test_verify_names_a_node_without_its_pool_label_and_one_short_of_its_layout(
+    control_plane, core, running_fleet, tmp_path
+):
+    core.patch_node("hk-gpu-03", {"metadata": {"labels": {"gpufleet.io/tenant": None}}})
+    allocatable = core.read_node("hk-gpu-18").status.allocatable
+    full = {name: value for name, value in allocatable.items() if name.startswith("nvidia.com/")}
+    short = {**full, "nvidia.com/mig-1g.10gb": str(int(full["nvidia.com/mig-1g.10gb"]) - 4)}
+    running_fleet.set_allocatable("hk-gpu-18", short)
+    try:
+        result = verify(control_plane, tmp_path, verify_canary=False)
+        assert result.returncode != 0
+        text = " ".join(result.stdout.split())
+        assert "node hk-gpu-03 is labelled gpufleet.io/tenant=(none), not llm" in text, text[-4000:]
+        assert (
+            f"node hk-gpu-18 advertises nvidia.com/mig-1g.10gb {int(full['nvidia.com/mig-1g.10gb']) - 4} "
+            f"(layout: {full['nvidia.com/mig-1g.10gb']})" in text
+        ), text[-4000:]
+        assert "imagegen: 6 node(s), OK" in result.stdout
+    finally:
+        core.patch_node("hk-gpu-03", {"metadata": {"labels": {"gpufleet.io/tenant": "llm"}}})
+        running_fleet.set_allocatable("hk-gpu-18", full)
+
+
+def test_an_upgrade_rolls_the_extender_and_the_scheduler_with_one_always_ready(site_run, api, running_fleet):
+    """site.yml over the install with new images and a changed setting: the extender's and the scheduler's
+    Deployments roll (maxUnavailable 0, a PDB each), and at every moment of the rollout each has a ready replica,
+    as the deployment controller and the (fake) kubelet play it out. (That a rerun changes nothing is the first
+    test's.)"""
+    apps = k8s.AppsV1Api(api)
+    policy = k8s.PolicyV1Api(api)
+    names = ("gpufleet-extender", "gpufleet-scheduler")
+    for name in names:
+        strategy = apps.read_namespaced_deployment(name, "gpufleet-system").spec.strategy.rolling_update
+        assert (strategy.max_unavailable, strategy.max_surge) == (0, 1), name
+        assert policy.read_namespaced_pod_disruption_budget(name, "gpufleet-system").spec.min_available >= 1, name
+
+    upgrade = {
+        "gpu_extender_image": "registry.invalid/gpufleet/gpufleet-extender:0.1.1",
+        "kube_scheduler_plugin_image": "registry.invalid/gpufleet/gpufleet-scheduler:v1.36.4",
+        "gpu_extender_log_level": "debug",
+    }
+    lowest_ready = dict.fromkeys(names, 99)
+    stop = threading.Event()
+
+    def watch_ready():
+        while not stop.wait(0.2):
+            for name in names:
+                status = apps.read_namespaced_deployment_status(name, "gpufleet-system").status
+                lowest_ready[name] = min(lowest_ready[name], status.ready_replicas or 0)
+
+    watcher = threading.Thread(target=watch_ready, daemon=True)
+    watcher.start()
+    try:
+        site_run(upgrade)
+
+        def rolled():
+            deployments = [apps.read_namespaced_deployment(name, "gpufleet-system") for name in names]
+            return all(
+                d.status.updated_replicas == d.spec.replicas == d.status.ready_replicas == d.status.replicas
+                and d.status.observed_generation == d.metadata.generation
+                for d in deployments
+            )
+
+        wait_for(rolled, timeout=120, interval=1, what="the extender and the scheduler to finish rolling")
+    finally:
+        stop.set()
+        watcher.join(5)
+    images = {
+        name: apps.read_namespaced_deployment(name, "gpufleet-system").spec.template.spec.containers[0].image
+        for name in names
+    }
+    assert images == {
+        "gpufleet-extender": upgrade["gpu_extender_image"],
+        "gpufleet-scheduler": upgrade["kube_scheduler_plugin_image"],
+    }
+    assert min(lowest_ready.values()) >= 1, f"a Deployment had no ready replica during the rollout: {lowest_ready}"
+
+
+def test_preflight_names_a_missing_secret_before_any_change(control_plane, running_fleet, tmp_path):
+    result = run_lab_playbook(
+        control_plane,
+        tmp_path,
+        "playbooks/preflight.yml",
+        {"gpu_extender_prometheus_token": None, "gpu_extender_prometheus_auth_secret": "prometheus-reader"},
+    )
+    assert result.returncode != 0
+    text = " ".join(result.stdout.split())
+    assert (
+        "Secret gpufleet-system/prometheus-reader (gpu_extender_prometheus_auth_secret) is missing: set "
+        "gpu_extender_prometheus_token (the role then stores it) or create it with key token" in text
+    ), text[-4000:]
+    assert "The cluster is not ready for gpufleet.mig (nothing was changed)" in text
+
+
+def gpufleet_objects(api) -> list[str]:
+    """Every object labelled as the collection's, of every kind the cluster serves that can be listed."""
+    client = dynamic.DynamicClient(api)
+    found = []
+    for resource in client.resources.search():
+        if "list" not in (resource.verbs or []) or "/" in resource.name or resource.kind.endswith("List"):
+            continue
+        try:
+            items = resource.get(label_selector="app.kubernetes.io/part-of=gpufleet").items
+        except ApiException:
+            continue
+        found += [f"{resource.kind} {item.metadata.namespace or ''}/{item.metadata.name}" for item in items]
+    return sorted(set(found))
+
+
+def test_uninstall_leaves_no_object_of_the_collection_then_changes_nothing(
+    control_plane, api, core, running_fleet, lab_nodes, tmp_path
+):
+    assert len(gpufleet_objects(api)) > 50
+    result = run_lab_playbook(control_plane, tmp_path, "playbooks/uninstall.yml")
+    assert result.returncode == 0, result.stdout[-8000:]
+    assert gpufleet_objects(api) == []
+    for node in core.list_node().items:
+        labels = node.metadata.labels or {}
+        assert not {"gpufleet.io/gpu-node", "gpufleet.io/tenant", "nvidia.com/device-plugin.config"} & set(labels)
+        assert not [t for t in node.spec.taints or [] if t.key == "gpufleet.io/tenant"], node.metadata.name
+    # The tenants' namespaces stay, with their workloads, without gpufleet's Pod Security and tenant labels.
+    for name in ("llm-inference", "imagegen", "finnlp", "finnlp-batch"):
+        labels = core.read_namespace(name).metadata.labels or {}
+        assert not [key for key in labels if key.startswith(("pod-security.", "gpufleet.io/", "app.kubernetes"))]
+    for name in ("gpufleet-system", "gpufleet-node-agents"):
+        with pytest.raises(ApiException) as gone:
+            core.read_namespace(name)
+        assert gone.value.status == 404
+
+    again = run_lab_playbook(control_plane, tmp_path, "playbooks/uninstall.yml")
+    assert again.returncode == 0, again.stdout[-8000:]
+    changed = {host: counters["changed"] for host, counters in recap(again.stdout).items() if counters["changed"]}
+    assert changed == {}, f"the second uninstall changed something: {changed}; tasks: {changed_tasks(again.stdout)}"
