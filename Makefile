@@ -16,22 +16,23 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-extender mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images scheduler-image system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-extender mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images scheduler-image system-deps build ee clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
 	@echo "make test  - ruff, ansible-lint, ansible-test sanity, pytest, galaxy build, every molecule scenario"
 
 # --- set-up ------------------------------------------------------------------------------------------------
-$(VENV)/.installed: requirements.txt extender/pyproject.toml
+# requirements.txt is the controller's (docs/controller.md); requirements-dev.txt adds the tests' and tools'.
+$(VENV)/.installed: requirements.txt requirements-dev.txt extender/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	  echo "Python 3.11 or newer is required: none found on PATH (tried python3.14 ... python3.11, python3)," \
 	    "or PYTHON=$(PYTHON) is older or does not run. Install one, or name it: make PYTHON=/path/to/python3.12 ..."; \
 	  exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.txt
-	$(BIN)/pip install --quiet -e ./extender
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet -e './extender[k8s,sim,test,bench]'
 	touch $@
 
 # The kubelet pod-resources API's protobuf messages are generated from proto/ here, not committed: every target that
@@ -210,6 +211,15 @@ scheduler-image: system-deps $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS
 	cp $(KUBE_ASSETS)/gpufleet-scheduler /etc/ssl/certs/ca-certificates.crt build/scheduler-image/
 	source tests/molecule/podman-env.sh && podman build --quiet --tag $(SCHEDULER_IMAGE) \
 		--file k8s/Containerfile.prebuilt build/scheduler-image
+
+# The execution environment's build context (execution-environment.yml, docs/controller.md) in build/ee: the
+# collection's artifact as build/ee-collection/gpufleet-mig.tar.gz, then `ansible-builder create`, which needs no
+# registry; `ansible-builder build` builds the image from it where the base image can be pulled.
+ee: venv
+	rm -rf build/ee-collection build/ee && mkdir -p build/ee-collection
+	ansible-galaxy collection build --force --output-path build/ee-collection .
+	mv build/ee-collection/gpufleet-mig-*.tar.gz build/ee-collection/gpufleet-mig.tar.gz
+	ansible-builder create --file execution-environment.yml --context build/ee --output-filename Containerfile
 
 sanity: venv
 	tests/sanity/run.sh

@@ -192,6 +192,20 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
                 for p in ([REPO / a] if a.endswith(".py") else (REPO / a).rglob("test_*.py"))
             )
             assert re.search(rf"def test_\w*{re.escape(word)}", sources), f"{block}: -k {word} selects no test"
+    elif program in ("python", "python3") and args[:2] == ["-m", "pip"]:
+        _check_pip(args[2:], block)
+    elif program == "ansible-galaxy" and args[:2] == ["collection", "install"]:
+        # The artifact `make build` writes, at galaxy.yml's version.
+        galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
+        artifact = f"{galaxy['namespace']}-{galaxy['name']}-{galaxy['version']}.tar.gz"
+        assert args[2:] == [artifact], f"{block}: {command}: the collection's artifact is {artifact}"
+    elif program == "ansible-builder":
+        definition = args[args.index("--file") + 1]
+        assert args[0] in ("create", "build") and definition == "execution-environment.yml", f"{block}: {command}"
+        galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
+        if "--tag" in args:
+            tag = args[args.index("--tag") + 1]
+            assert tag.endswith(f":{galaxy['version']}"), f"{block}: {tag} is not tagged with the collection's version"
     elif program in (".venv/bin/python", "python", "python3") and args[0] != "-m":
         script = REPO / args[0]
         assert script.is_file(), f"{block}: {args[0]} does not exist"
@@ -219,10 +233,35 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
             for setting in (args[i + 1].split("=")[0] for i, a in enumerate(args) if a == "-e"):
                 assert setting in config, f"{block}: {setting} is no extender setting"
     elif program == "pip":
-        requirement = re.match(r"[A-Za-z0-9_.-]+", args[1]).group(0)
-        assert requirement in (REPO / "requirements.txt").read_text(), f"{block}: {requirement} not in requirements.txt"
+        _check_pip(args, block)
     else:
         pytest.fail(f"{block}: no check for the command {command!r}: add one to tests/unit/test_documented_commands.py")
+
+
+# Where `ansible-galaxy collection install` puts the collection by default: the docs name its files there.
+INSTALLED_COLLECTION = "~/.ansible/collections/ansible_collections/gpufleet/mig/"
+
+
+def _check_pip(args: list[str], block: Block) -> None:
+    """`pip install -r <the collection's requirements file>`, `pip install <the collection's extender>`,
+    `pip install <package>` of the controller or the extender, or `pip download <requirement>...` of the GPU hosts'
+    packages exactly as the mig_partition role installs them."""
+    assert args[0] in ("install", "download"), f"{block}: pip {args[0]}"
+    if args[0] == "download":
+        defaults = yaml.safe_load((REPO / "roles/mig_partition/defaults/main.yml").read_text())
+        host = [defaults["mig_partition_nvml_package"], *defaults["mig_partition_pod_resources_packages"]]
+        requirements = [a for a in args[1:] if not a.startswith("-") and a[0].isalpha() and "/" not in a]
+        assert requirements and set(requirements) <= set(host), f"{block}: {requirements} are not the hosts' {host}"
+    elif args[1] == "-r":
+        assert args[2].startswith(INSTALLED_COLLECTION), f"{block}: {args[2]} is not the collection's file"
+        assert (REPO / args[2].removeprefix(INSTALLED_COLLECTION)).is_file(), f"{block}: no {args[2]}"
+    elif "/" in args[1]:
+        path = REPO / args[1].removeprefix(INSTALLED_COLLECTION).removeprefix("./")
+        assert 'name = "gpufleet-extender"' in (path / "pyproject.toml").read_text(), f"{block}: {args[1]}"
+    else:
+        requirement = re.match(r"[A-Za-z0-9_.-]+", args[1]).group(0)
+        known = (REPO / "requirements.txt").read_text() + (REPO / "extender/pyproject.toml").read_text()
+        assert requirement in known, f"{block}: {requirement} is not a requirement of the collection or the extender"
 
 
 def _check_extender_cli(args: list[str], block: Block, tmp_path: Path, lab_files: dict[str, str]) -> None:
