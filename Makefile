@@ -16,7 +16,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-extender mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images scheduler-image system-deps build ee clean
+.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-extender mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
@@ -203,9 +203,36 @@ PODS ?= 1000
 bench-scheduler: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets)
 	python benchmarks/bench_scheduler.py --nodes $(NODES) --pods $(PODS)
 
+# --- the images the project builds ----------------------------------------------------------------------------
+# `make images` builds both with podman on this machine, no registry needed, tagged with the collection's version
+# (galaxy.yml), and prints their digests; push them to your registry and set the roles' image variables
+# (docs/images.md). Rebuilt each time (a minute or two; the Debian base is built once, by molecule-images).
+IMAGE_VERSION := $(shell awk '$$1 == "version:" {print $$2}' galaxy.yml)
+EXTENDER_IMAGE ?= localhost/gpufleet-extender:$(IMAGE_VERSION)
+SCHEDULER_IMAGE ?= localhost/gpufleet-scheduler:$(IMAGE_VERSION)
+IMAGE_BASE := localhost/gpufleet-debian-base:bookworm
+images: extender-image scheduler-image
+	@source tests/molecule/podman-env.sh && for image in $(EXTENDER_IMAGE) $(SCHEDULER_IMAGE); do \
+	  echo "$$image $$(podman image inspect --format '{{.Digest}}' $$image)"; done
+
+# The extender's serve image (extender/Containerfile) on Debian's python3 (3.11): the server's packages are installed
+# here for that Python and platform (binary wheels only, from pip's cache or index), the lab is left out, and podman
+# adds them to the base.
+EXTENDER_IMAGE_DIR := build/extender-image
+EXTENDER_LAB := simulate mig_utils conformance.py
+extender-image: venv molecule-images
+	rm -rf $(EXTENDER_IMAGE_DIR) && mkdir -p $(EXTENDER_IMAGE_DIR)
+	pip wheel --quiet --no-deps --wheel-dir $(EXTENDER_IMAGE_DIR)/wheels ./extender && rm -rf extender/build
+	pip install --quiet --no-compile --target $(EXTENDER_IMAGE_DIR)/site --only-binary=:all: \
+	  --implementation cp --python-version 3.11 \
+	  $(foreach p,manylinux2014 manylinux_2_17 manylinux_2_28,--platform $(p)_$(shell uname -m)) \
+	  "$$(ls $(EXTENDER_IMAGE_DIR)/wheels/gpufleet_extender-*.whl)[k8s]"
+	rm -r $(EXTENDER_IMAGE_DIR)/site/bin $(addprefix $(EXTENDER_IMAGE_DIR)/site/gpufleet_extender/,$(EXTENDER_LAB))
+	source tests/molecule/podman-env.sh && podman build --quiet --build-arg BASE=$(IMAGE_BASE) \
+	  --tag $(EXTENDER_IMAGE) --file extender/Containerfile $(EXTENDER_IMAGE_DIR)
+
 # gpufleet-scheduler's image from the binary k8s-assets built (k8s/Containerfile.prebuilt: no registry needed);
 # k8s/Dockerfile builds the same image from source where a golang image can be pulled.
-SCHEDULER_IMAGE ?= localhost/gpufleet-scheduler:$(shell awk '$$1 == "k8s.io/kubernetes" {print $$2}' k8s/go.mod)
 scheduler-image: system-deps $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets)
 	rm -rf build/scheduler-image && mkdir -p build/scheduler-image
 	cp $(KUBE_ASSETS)/gpufleet-scheduler /etc/ssl/certs/ca-certificates.crt build/scheduler-image/

@@ -33,14 +33,20 @@ class Binding:
     value: str
 
 
-def bindings(versions: dict) -> list[Binding]:
+def bindings(versions: dict, collection_version: str) -> list[Binding]:
     found = [Binding("preflight", "preflight_kubelet_min_version", versions["kubernetes"]["minimum"])]
     for component in versions["components"]:
         value = component["version"] if "chart" in component else f"{component['image']}:{component['version']}"
         found.append(Binding(component["role"], component["variable"], value))
         if "chart" in component:
             found.append(Binding(component["role"], f"{component['role']}_chart_ref", component["chart"]))
+    for image in versions["built_images"]:
+        found.append(Binding(image["role"], image["variable"], f"{image['name']}:{collection_version}"))
     return found
+
+
+def collection_version(root: Path) -> str:
+    return str(yaml.safe_load((root / "galaxy.yml").read_text())["version"])
 
 
 def _scalar(value: str) -> str:
@@ -81,7 +87,7 @@ def _sync_spec_default(text: str, variable: str, value: str) -> tuple[str, str |
     return text, f"option {variable} has no default"
 
 
-def matrix(versions: dict) -> str:
+def matrix(versions: dict, collection_version: str) -> str:
     kubernetes = versions["kubernetes"]
     tested_minor = ".".join(kubernetes["tested"].split(".")[:2])
     rows = [
@@ -97,6 +103,11 @@ def matrix(versions: dict) -> str:
         rows.append(
             f"| {component['name']} | `{component['version']}` ({component['note']}); `{reference}` | "
             f"`{component['variable']}` |"
+        )
+    for image in versions["built_images"]:
+        rows.append(
+            f"| {image['name']} (built by `make images`) | `{collection_version}`, the collection's version "
+            f"({image['note']}) | `{image['variable']}` |"
         )
     prometheus = versions["prometheus"]
     rows.append(f"| Prometheus | {prometheus['minimum']} or newer: {'; '.join(prometheus['features'])} | |")
@@ -114,7 +125,8 @@ def sync(root: Path, write: bool) -> list[str]:
             files[path] = path.read_text()
         return files[path]
 
-    for binding in bindings(versions):
+    version = collection_version(root)
+    for binding in bindings(versions, version):
         for relative, syncer in (
             (f"roles/{binding.role}/defaults/main.yml", _sync_default),
             (f"roles/{binding.role}/meta/argument_specs.yml", _sync_spec_default),
@@ -147,9 +159,9 @@ def sync(root: Path, write: bool) -> list[str]:
     generated = re.search(re.escape(MATRIX_BEGIN) + r".*?" + re.escape(MATRIX_END), text, re.DOTALL)
     if not generated:
         problems.append(f"docs/versions.md: no generated matrix ({MATRIX_BEGIN} ... {MATRIX_END})")
-    elif generated.group(0) != matrix(versions):
+    elif generated.group(0) != matrix(versions, version):
         problems.append("docs/versions.md: the matrix differs from versions.yml")
-        files[docs] = text[: generated.start()] + matrix(versions) + text[generated.end() :]
+        files[docs] = text[: generated.start()] + matrix(versions, version) + text[generated.end() :]
     if write:
         for path, content in files.items():
             if content != path.read_text():
@@ -158,7 +170,7 @@ def sync(root: Path, write: bool) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--write", action="store_true", help="rewrite the files from versions.yml")
     parser.add_argument("--root", type=Path, default=REPO, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -158,7 +158,9 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
         check_command(rest.strip(), block, tmp_path, lab_files, built)
         return
     if program == "make":
-        _run(["make", "-n", *args], env=env)
+        dry_run = _run(["make", "-n", *args], env=env)
+        if "images" in args:  # the tags it builds, which the block may then tag and push
+            built.update(re.findall(r"--tag (localhost/\S+)", dry_run))
     elif program == "cd":
         assert (REPO / args[0]).is_dir(), f"{block}: no directory {args[0]}"
         built.add(f"cwd={args[0]}")
@@ -220,6 +222,13 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
         if args[1] == "gpufleet_extender.simulate.dra" and "--hours" not in args:
             args = [*args, "--hours", "0.1"]  # the documented day's search, on a short trace
         _run([sys.executable, *[_substitute(a, lab_files) for a in args]], env=env)
+    elif program in ("docker", "podman") and args[0] in ("tag", "push"):
+        # tag <built> <name>, then push <name>: only what the block built or tagged, under the collection's version.
+        source, *name = args[1:]
+        assert source in built, f"{block}: {command}: {source} is not an image the block built"
+        version = yaml.safe_load((REPO / "galaxy.yml").read_text())["version"]
+        assert source.endswith(f":{version}"), f"{block}: {source} is not tagged with the collection's version"
+        built.update(name)
     elif program in ("docker", "podman"):
         if args[0] == "build":
             image, context = args[args.index("-t") + 1], args[-1]

@@ -39,7 +39,7 @@ def test_every_file_versions_yml_owns_agrees_with_it():
 
 
 def test_every_role_default_and_argument_spec_default_is_the_files():
-    bound = tool.bindings(VERSIONS)
+    bound = tool.bindings(VERSIONS, tool.collection_version(REPO))
     assert {b.variable for b in bound} >= {
         "preflight_kubelet_min_version",
         "kube_scheduler_image",
@@ -48,6 +48,8 @@ def test_every_role_default_and_argument_spec_default_is_the_files():
         "descheduler_image",
         "gpu_dra_driver_chart_version",
         "gpu_dra_driver_chart_ref",
+        "gpu_extender_image",
+        "kube_scheduler_plugin_image",
     }
     for binding in bound:
         defaults = yaml.safe_load((REPO / f"roles/{binding.role}/defaults/main.yml").read_text())
@@ -90,7 +92,8 @@ def test_the_docs_matrix_lists_every_component_as_the_file_says():
 
 
 def test_a_default_changed_by_hand_fails_the_check_and_write_puts_the_files_back(tmp_path):
-    for relative in ("versions.yml", "k8s/go.mod", "plugins/module_utils/preflight.py", "docs/versions.md"):
+    owned = ("versions.yml", "galaxy.yml", "k8s/go.mod", "plugins/module_utils/preflight.py", "docs/versions.md")
+    for relative in owned:
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / relative, tmp_path / relative)
     shutil.copytree(REPO / "roles", tmp_path / "roles")
