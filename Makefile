@@ -16,22 +16,23 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 LAB_DIR := build/lab
 
-.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-extender mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images scheduler-image system-deps build clean
+.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-extender mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
 	@echo "make test  - ruff, ansible-lint, ansible-test sanity, pytest, galaxy build, every molecule scenario"
 
 # --- set-up ------------------------------------------------------------------------------------------------
-$(VENV)/.installed: requirements.txt extender/pyproject.toml
+# requirements.txt is the controller's (docs/controller.md); requirements-dev.txt adds the tests' and tools'.
+$(VENV)/.installed: requirements.txt requirements-dev.txt extender/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	  echo "Python 3.11 or newer is required: none found on PATH (tried python3.14 ... python3.11, python3)," \
 	    "or PYTHON=$(PYTHON) is older or does not run. Install one, or name it: make PYTHON=/path/to/python3.12 ..."; \
 	  exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.txt
-	$(BIN)/pip install --quiet -e ./extender
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet -e './extender[k8s,sim,test,bench]'
 	touch $@
 
 # The kubelet pod-resources API's protobuf messages are generated from proto/ here, not committed: every target that
@@ -202,14 +203,50 @@ PODS ?= 1000
 bench-scheduler: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets)
 	python benchmarks/bench_scheduler.py --nodes $(NODES) --pods $(PODS)
 
+# --- the images the project builds ----------------------------------------------------------------------------
+# `make images` builds both with podman on this machine, no registry needed, tagged with the collection's version
+# (galaxy.yml), and prints their digests; push them to your registry and set the roles' image variables
+# (docs/images.md). Rebuilt each time (a minute or two; the Debian base is built once, by molecule-images).
+IMAGE_VERSION := $(shell awk '$$1 == "version:" {print $$2}' galaxy.yml)
+EXTENDER_IMAGE ?= localhost/gpufleet-extender:$(IMAGE_VERSION)
+SCHEDULER_IMAGE ?= localhost/gpufleet-scheduler:$(IMAGE_VERSION)
+IMAGE_BASE := localhost/gpufleet-debian-base:bookworm
+images: extender-image scheduler-image
+	@source tests/molecule/podman-env.sh && for image in $(EXTENDER_IMAGE) $(SCHEDULER_IMAGE); do \
+	  echo "$$image $$(podman image inspect --format '{{.Digest}}' $$image)"; done
+
+# The extender's serve image (extender/Containerfile) on Debian's python3 (3.11): the server's packages are installed
+# here for that Python and platform (binary wheels only, from pip's cache or index), the lab is left out, and podman
+# adds them to the base.
+EXTENDER_IMAGE_DIR := build/extender-image
+EXTENDER_LAB := simulate mig_utils conformance.py
+extender-image: venv molecule-images
+	rm -rf $(EXTENDER_IMAGE_DIR) && mkdir -p $(EXTENDER_IMAGE_DIR)
+	pip wheel --quiet --no-deps --wheel-dir $(EXTENDER_IMAGE_DIR)/wheels ./extender && rm -rf extender/build
+	pip install --quiet --no-compile --target $(EXTENDER_IMAGE_DIR)/site --only-binary=:all: \
+	  --implementation cp --python-version 3.11 \
+	  $(foreach p,manylinux2014 manylinux_2_17 manylinux_2_28,--platform $(p)_$(shell uname -m)) \
+	  "$$(ls $(EXTENDER_IMAGE_DIR)/wheels/gpufleet_extender-*.whl)[k8s]"
+	rm -r $(EXTENDER_IMAGE_DIR)/site/bin $(addprefix $(EXTENDER_IMAGE_DIR)/site/gpufleet_extender/,$(EXTENDER_LAB))
+	source tests/molecule/podman-env.sh && podman build --quiet --build-arg BASE=$(IMAGE_BASE) \
+	  --tag $(EXTENDER_IMAGE) --file extender/Containerfile $(EXTENDER_IMAGE_DIR)
+
 # gpufleet-scheduler's image from the binary k8s-assets built (k8s/Containerfile.prebuilt: no registry needed);
 # k8s/Dockerfile builds the same image from source where a golang image can be pulled.
-SCHEDULER_IMAGE ?= localhost/gpufleet-scheduler:$(shell awk '$$1 == "k8s.io/kubernetes" {print $$2}' k8s/go.mod)
 scheduler-image: system-deps $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets)
 	rm -rf build/scheduler-image && mkdir -p build/scheduler-image
 	cp $(KUBE_ASSETS)/gpufleet-scheduler /etc/ssl/certs/ca-certificates.crt build/scheduler-image/
 	source tests/molecule/podman-env.sh && podman build --quiet --tag $(SCHEDULER_IMAGE) \
 		--file k8s/Containerfile.prebuilt build/scheduler-image
+
+# The execution environment's build context (execution-environment.yml, docs/controller.md) in build/ee: the
+# collection's artifact as build/ee-collection/gpufleet-mig.tar.gz, then `ansible-builder create`, which needs no
+# registry; `ansible-builder build` builds the image from it where the base image can be pulled.
+ee: venv
+	rm -rf build/ee-collection build/ee && mkdir -p build/ee-collection
+	ansible-galaxy collection build --force --output-path build/ee-collection .
+	mv build/ee-collection/gpufleet-mig-*.tar.gz build/ee-collection/gpufleet-mig.tar.gz
+	ansible-builder create --file execution-environment.yml --context build/ee --output-filename Containerfile
 
 sanity: venv
 	tests/sanity/run.sh

@@ -162,7 +162,7 @@ def problems(facts: dict[str, Any]) -> list[str]:
     if "runtime" in checks:
         found.append(runtime_problem(facts.get("runtime", "containerd"), facts.get("runtime_configs", {})))
     if "kubelet" in checks:
-        found.append(kubelet_problem(facts.get("kubelet", {}), facts.get("kubelet_min_version", "1.29")))
+        found.append(kubelet_problem(facts.get("kubelet", {}), facts["kubelet_min_version"]))
     if "device_plugin_dir" in checks and not facts.get("device_plugin_dir_exists"):
         found.append(
             f"found no {facts.get('device_plugin_dir')}; needed: the kubelet's device plugin socket directory "

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Build the images molecule scenarios run on, once (cached in podman's store; rerunning is a no-op):
-#   localhost/gpufleet-debian-base:bookworm    debootstrap minbase + python3, imported (no registry is reachable)
+#   localhost/gpufleet-debian-base:bookworm    debootstrap minbase + python3, imported (no registry is reachable);
+#                                              also the base of `make images`' extender image
 #   localhost/gpufleet-molecule-systemd:bookworm  + systemd as PID 1, dbus, python3-venv/pip
 # The Debian mirror is read from this machine's apt sources at run time, never written into the repo.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tests/molecule/podman-env.sh
 source "$here/podman-env.sh"
+# One build at a time on this checkout: make test's lanes may ask for the base at once (molecule, make images).
+exec 9>"$here/../../build/podman/build-images.lock"
+flock 9
 base=localhost/gpufleet-debian-base:bookworm
 image=localhost/gpufleet-molecule-systemd:bookworm
 

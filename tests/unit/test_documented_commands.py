@@ -163,7 +163,9 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
         check_command(rest.strip(), block, tmp_path, lab_files, built)
         return
     if program == "make":
-        _run(["make", "-n", *args], env=env)
+        dry_run = _run(["make", "-n", *args], env=env)
+        if "images" in args:  # the tags it builds, which the block may then tag and push
+            built.update(re.findall(r"--tag (localhost/\S+)", dry_run))
     elif program == "cd":
         assert (REPO / args[0]).is_dir(), f"{block}: no directory {args[0]}"
         built.add(f"cwd={args[0]}")
@@ -197,6 +199,20 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
                 for p in ([REPO / a] if a.endswith(".py") else (REPO / a).rglob("test_*.py"))
             )
             assert re.search(rf"def test_\w*{re.escape(word)}", sources), f"{block}: -k {word} selects no test"
+    elif program in ("python", "python3") and args[:2] == ["-m", "pip"]:
+        _check_pip(args[2:], block)
+    elif program == "ansible-galaxy" and args[:2] == ["collection", "install"]:
+        # The artifact `make build` writes, at galaxy.yml's version.
+        galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
+        artifact = f"{galaxy['namespace']}-{galaxy['name']}-{galaxy['version']}.tar.gz"
+        assert args[2:] == [artifact], f"{block}: {command}: the collection's artifact is {artifact}"
+    elif program == "ansible-builder":
+        definition = args[args.index("--file") + 1]
+        assert args[0] in ("create", "build") and definition == "execution-environment.yml", f"{block}: {command}"
+        galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
+        if "--tag" in args:
+            tag = args[args.index("--tag") + 1]
+            assert tag.endswith(f":{galaxy['version']}"), f"{block}: {tag} is not tagged with the collection's version"
     elif program in (".venv/bin/python", "python", "python3") and args[0] != "-m":
         script = REPO / args[0]
         assert script.is_file(), f"{block}: {args[0]} does not exist"
@@ -211,6 +227,13 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
         if args[1] == "gpufleet_extender.simulate.dra" and "--hours" not in args:
             args = [*args, "--hours", "0.1"]  # the documented day's search, on a short trace
         _run([sys.executable, *[_substitute(a, lab_files) for a in args]], env=env)
+    elif program in ("docker", "podman") and args[0] in ("tag", "push"):
+        # tag <built> <name>, then push <name>: only what the block built or tagged, under the collection's version.
+        source, *name = args[1:]
+        assert source in built, f"{block}: {command}: {source} is not an image the block built"
+        version = yaml.safe_load((REPO / "galaxy.yml").read_text())["version"]
+        assert source.endswith(f":{version}"), f"{block}: {source} is not tagged with the collection's version"
+        built.update(name)
     elif program in ("docker", "podman"):
         if args[0] == "build":
             image, context = args[args.index("-t") + 1], args[-1]
@@ -246,10 +269,35 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
                 if doc and namespace:
                     assert doc["metadata"].get("namespace") == namespace, f"{block}: {path} is not in {namespace}"
     elif program == "pip":
-        requirement = re.match(r"[A-Za-z0-9_.-]+", args[1]).group(0)
-        assert requirement in (REPO / "requirements.txt").read_text(), f"{block}: {requirement} not in requirements.txt"
+        _check_pip(args, block)
     else:
         pytest.fail(f"{block}: no check for the command {command!r}: add one to tests/unit/test_documented_commands.py")
+
+
+# Where `ansible-galaxy collection install` puts the collection by default: the docs name its files there.
+INSTALLED_COLLECTION = "~/.ansible/collections/ansible_collections/gpufleet/mig/"
+
+
+def _check_pip(args: list[str], block: Block) -> None:
+    """`pip install -r <the collection's requirements file>`, `pip install <the collection's extender>`,
+    `pip install <package>` of the controller or the extender, or `pip download <requirement>...` of the GPU hosts'
+    packages exactly as the mig_partition role installs them."""
+    assert args[0] in ("install", "download"), f"{block}: pip {args[0]}"
+    if args[0] == "download":
+        defaults = yaml.safe_load((REPO / "roles/mig_partition/defaults/main.yml").read_text())
+        host = [defaults["mig_partition_nvml_package"], *defaults["mig_partition_pod_resources_packages"]]
+        requirements = [a for a in args[1:] if not a.startswith("-") and a[0].isalpha() and "/" not in a]
+        assert requirements and set(requirements) <= set(host), f"{block}: {requirements} are not the hosts' {host}"
+    elif args[1] == "-r":
+        assert args[2].startswith(INSTALLED_COLLECTION), f"{block}: {args[2]} is not the collection's file"
+        assert (REPO / args[2].removeprefix(INSTALLED_COLLECTION)).is_file(), f"{block}: no {args[2]}"
+    elif "/" in args[1]:
+        path = REPO / args[1].removeprefix(INSTALLED_COLLECTION).removeprefix("./")
+        assert 'name = "gpufleet-extender"' in (path / "pyproject.toml").read_text(), f"{block}: {args[1]}"
+    else:
+        requirement = re.match(r"[A-Za-z0-9_.-]+", args[1]).group(0)
+        known = (REPO / "requirements.txt").read_text() + (REPO / "extender/pyproject.toml").read_text()
+        assert requirement in known, f"{block}: {requirement} is not a requirement of the collection or the extender"
 
 
 def _check_extender_cli(args: list[str], block: Block, tmp_path: Path, lab_files: dict[str, str]) -> None:

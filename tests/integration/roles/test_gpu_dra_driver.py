@@ -88,6 +88,25 @@ def test_the_release_is_pinned_with_dynamic_mig_on_the_fleets_gpu_nodes(tmp_path
     assert {"key": "gpufleet.io/tenant", "operator": "Exists"} in values["kubeletPlugin"]["tolerations"]
 
 
+def test_without_helm_the_apply_mode_stops_before_any_change_saying_what_to_install(tmp_path):
+    missing = tmp_path / "no-helm-here"
+    result, _ = try_render(
+        ["gpufleet.mig.gpu_dra_driver"],
+        tmp_path,
+        "inventories/lab",
+        {**DRA, "gpufleet_k8s_mode": "apply", "gpu_dra_driver_helm_binary": str(missing)},
+    )
+    assert result.returncode != 0
+    output = " ".join(result.stdout.split())
+    assert (
+        "gpu_dra_driver: the DRA mode installs NVIDIA's DRA driver chart with helm 3 on the controller, and"
+        f" {missing} did not run" in output
+    ), output[-3000:]
+    assert "or set gpu_dra_driver_helm_binary to its path. Nothing was changed." in output
+    assert "Install or upgrade the driver's Helm release" not in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -309,7 +309,8 @@ def test_lab_renders_the_plugin_scheduler_with_the_extenders_settings(tmp_path):
 
     deployment = objects(manifests)[("Deployment", "gpufleet-scheduler")]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "gpufleet-scheduler:v1.36.3"
+    # The image `make images` builds, tagged with the collection's version.
+    assert container["image"] == f"gpufleet-scheduler:{yaml.safe_load((REPO / 'galaxy.yml').read_text())['version']}"
     assert container["command"] == ["gpufleet-scheduler", "--config=/etc/kubernetes/gpufleet/scheduler-config.yaml"]
 
 

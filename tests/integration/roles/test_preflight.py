@@ -114,7 +114,7 @@ def test_each_missing_prerequisite_refuses_its_host_in_check_mode_too(tmp_path):
         "host-problems": [
             ("found no NVIDIA container toolkit", "needed: nvidia-container-toolkit installed"),
             ("found no NVIDIA runtime handler for containerd in", "needed: nvidia-ctk runtime configure"),
-            ("found kubelet v1.28.15", "needed: kubelet v1.29 or newer"),
+            ("found kubelet v1.28.15", "needed: kubelet v1.30 or newer"),
             ("found no ", "needed: the kubelet's device plugin socket directory"),
         ],
     }

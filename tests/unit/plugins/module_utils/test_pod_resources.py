@@ -176,16 +176,18 @@ def _floor(requirement: str) -> tuple[int, ...]:
 
 def test_hosts_get_a_protobuf_the_generated_messages_accept():
     """protoc writes its version into the generated file and the runtime refuses to load it if older: the protobuf
-    the role installs on hosts (and requirements.txt on the controller) must start at or above that version."""
+    the role installs on hosts (and requirements-dev.txt for the tests and the lab) must start at or above that
+    version."""
     generated = Path(pod_resources.__file__).with_name("kubelet_podresources_v1_pb2.py").read_text()
     written_for = tuple(int(x) for x in re.search(r"Protobuf Python Version: ([0-9.]+)", generated).group(1).split("."))
     defaults = yaml.safe_load((REPO / "roles/mig_partition/defaults/main.yml").read_text())
     host_protobuf = [r for r in defaults["mig_partition_pod_resources_packages"] if r.startswith("protobuf")]
-    controller_protobuf = [
+    dev_protobuf = [
         line.split("#")[0].strip()
-        for line in (REPO / "requirements.txt").read_text().splitlines()
+        for line in (REPO / "requirements-dev.txt").read_text().splitlines()
         if line.startswith("protobuf")
     ]
-    for requirement in host_protobuf + controller_protobuf:
+    assert host_protobuf and dev_protobuf
+    for requirement in host_protobuf + dev_protobuf:
         floor = _floor(requirement)
         assert floor[0] == written_for[0] and floor >= written_for, (requirement, written_for)
