@@ -41,7 +41,7 @@ def site_run(control_plane, lab_nodes, tmp_path_factory):
             "gpu_extender_tls_source": "secret",
             **(extra or {}),
         }
-        result = run_playbook(playbook, "inventories/lab", extra_vars, lab_dir)
+        result = run_playbook(playbook, "inventories/hongkong+lab", extra_vars, lab_dir)
         assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-3000:]
         return result.stdout
 
@@ -108,7 +108,7 @@ def test_site_applies_the_fleet_then_changes_nothing(site_run, api, core, lab_no
         ("apps/v1", "Deployment", "descheduler", "gpufleet-system"),
         ("apps/v1", "DaemonSet", "nvidia-device-plugin", "gpufleet-node-agents"),
         ("apps/v1", "DaemonSet", "dcgm-exporter", "gpufleet-node-agents"),
-        ("v1", "ConfigMap", "gpufleet-dashboard-lab", "gpufleet-system"),  # the fleet dashboard (monitoring role)
+        ("v1", "ConfigMap", "gpufleet-dashboard-hongkong", "gpufleet-system"),  # the fleet dashboard (monitoring role)
     ]
     missing = [f"{kind} {ns}/{name}" for ver, kind, name, ns in expected if not exists(api, ver, kind, name, ns)]
     assert missing == []
