@@ -1,5 +1,5 @@
 # gpufleet.mig — two commands do all the set-up on a fresh machine:
-#   make lab    the main job: the Hong Kong fleet, simulated (see README.md)
+#   make lab    the main job: a fleet simulated from its inventory, Hong Kong's by default (see README.md)
 #   make test   the whole suite: lint, sanity, unit tests, extender tests, molecule scenarios
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -14,12 +14,11 @@ BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
-LAB_DIR := build/lab
 
 .PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-extender mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
 
 help:
-	@echo "make lab   - run playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab)"
+	@echo "make lab   - run playbooks/site.yml on a simulated fleet: INVENTORY=<dir>, Hong Kong's by default"
 	@echo "make test  - ruff, ansible-lint, ansible-test sanity, pytest, galaxy build, every molecule scenario"
 
 # --- set-up ------------------------------------------------------------------------------------------------
@@ -51,6 +50,11 @@ collection-link: $(PROTO_PY)
 	@[ "$$(readlink $(COLLECTION_LINK))" = ../../../.. ] || ln -sfn ../../../.. $(COLLECTION_LINK)
 
 # --- the lab -----------------------------------------------------------------------------------------------
+# `make lab INVENTORY=<dir>` runs a fleet's own inventory on simulated hosts, before touching the fleet (Hong Kong's,
+# inventories/hongkong, when not given). The inventory is used as it is; the simulation overrides (local connection,
+# render mode, each host's tree and simulated GPUs under build/lab/<inventory>/) are the one file
+# playbooks/vars/lab.yml, applied on top as extra vars. Each host's GPUs are simulated as its inventory says
+# (tools/lab_hosts.py: product, GPU count, NVSwitch board), and the scheduler is deployed in the inventory's mode.
 # The lab keeps its state (simulated GPUs, host files) between runs like a real fleet: a second run changes
 # nothing. `make lab-reset` starts it over from GPUs fresh out of the box.
 # Output: one line per play (the gpufleet.mig.phases callback: failures in full, `Warn ...` tasks that ran), one
@@ -58,46 +62,53 @@ collection-link: $(PROTO_PY)
 # A simulator goal not met does not fail make lab: the goals are targets for the placement policies, and the
 # model shows why some cannot be met as deployed (docs/simulator.md); the block says which and why.
 # `make lab LAB_GOALS=enforce` fails on one. A failed play or bad simulator input always fails make lab.
+INVENTORY ?= inventories/hongkong
+LAB_NAME := $(notdir $(patsubst %/,%,$(INVENTORY)))
+LAB_DIR := build/lab/$(LAB_NAME)
 LAB_GOALS ?=
+LAB_PLAYBOOK = ANSIBLE_STDOUT_CALLBACK=gpufleet.mig.phases ansible-playbook -i $(INVENTORY) \
+	-e @playbooks/vars/lab.yml -e gpufleet_lab_dir=$(CURDIR)/$(LAB_DIR)
 lab: venv collection-link
-	@mkdir -p $(LAB_DIR)/sim $(LAB_DIR)/sim-quiet $(LAB_DIR)/sim-shared $(LAB_DIR)/sim-tp
-	@echo "make lab: playbooks/site.yml on the simulated Hong Kong fleet (inventories/lab), one line per play"
-	@# The lab's GPUs are files: roll each pool in one batch (production rolls 25% of a pool at a time).
-	@ANSIBLE_STDOUT_CALLBACK=gpufleet.mig.phases \
-	  ansible-playbook -i inventories/lab playbooks/site.yml -e mig_partition_serial=100%
-	@# Demand-driven layouts: one advice and rollout (playbooks/mig-rebalance.yml) on a copy of the finance pool's
+	@test -e $(INVENTORY) || { echo "make lab: INVENTORY=$(INVENTORY) does not exist"; exit 1; }
+	@echo "make lab: playbooks/site.yml on $(INVENTORY), simulated (build: $(LAB_DIR)), one line per play"
+	@# Before anything is made: the inventory is checked whole (the same play site.yml starts with).
+	@$(LAB_PLAYBOOK) playbooks/validate.yml
+	@python tools/lab_hosts.py --inventory $(INVENTORY) --lab-dir $(LAB_DIR)
+	@$(LAB_PLAYBOOK) playbooks/site.yml
+	@# What the lab runs next is decided by the inventory (its pools, products and sharing) and the settings the
+	@# roles rendered (the extender's ConfigMap): tools/lab_plan.py writes both down.
+	@python tools/lab_plan.py --inventory $(INVENTORY) --lab-dir $(LAB_DIR) > $(LAB_DIR)/plan.env
+	@# Demand-driven layouts: one advice and rollout (playbooks/mig-rebalance.yml) on a copy of a MIG pool's
 	@# simulated GPUs, so that the lab's own GPUs keep their declared layout and a second run changes nothing.
-	@echo "MIG re-layout: advice and rollout for 4 x 3g.40gb + 4 x 2g.20gb on a copy of the finance pool's GPUs"
-	@rm -rf $(LAB_DIR)/rebalance && mkdir -p $(LAB_DIR)/rebalance && cp -r $(LAB_DIR)/nvml $(LAB_DIR)/rebalance/
-	@ANSIBLE_STDOUT_CALLBACK=gpufleet.mig.phases \
-	  ansible-playbook -i inventories/lab playbooks/mig-rebalance.yml -e gpufleet_lab_dir=$(CURDIR)/$(LAB_DIR)/rebalance \
-	  -e mig_rebalance_pool=tenant_finnlp -e '{"mig_rebalance_demand": {"3g.40gb": 4, "2g.20gb": 4}}' \
-	  -e mig_rebalance_report_file=$(CURDIR)/$(LAB_DIR)/rebalance/advice.txt
+	@. $(LAB_DIR)/plan.env; if [ -n "$$REBALANCE_POOL" ]; then \
+	  echo "MIG re-layout: advice and rollout for $$REBALANCE_DEMAND_TEXT on a copy of pool $$REBALANCE_POOL's GPUs"; \
+	  rm -rf $(LAB_DIR)/rebalance && mkdir -p $(LAB_DIR)/rebalance && cp -r $(LAB_DIR)/nvml $(LAB_DIR)/rebalance/; \
+	  $(LAB_PLAYBOOK) playbooks/mig-rebalance.yml -e gpufleet_lab_dir=$(CURDIR)/$(LAB_DIR)/rebalance \
+	    -e mig_rebalance_pool=$$REBALANCE_POOL -e "{\"mig_rebalance_demand\": $$REBALANCE_DEMAND}" \
+	    -e mig_rebalance_report_file=$(CURDIR)/$(LAB_DIR)/rebalance/advice.txt; \
+	else echo "MIG re-layout: not run, the inventory has no MIG pool"; rm -rf $(LAB_DIR)/rebalance; fi
 	@# The DRA mode (docs/dra.md) rendered beside the default: the driver's release, the pools' DeviceClasses and
 	@# the tenants' ResourceClaimTemplates.
-	@ANSIBLE_STDOUT_CALLBACK=gpufleet.mig.phases \
-	  ansible-playbook -i inventories/lab playbooks/dra.yml -e gpufleet_gpu_allocation=dra \
+	@$(LAB_PLAYBOOK) playbooks/dra.yml -e gpufleet_gpu_allocation=dra \
 	  -e gpufleet_manifests_dir=$(CURDIR)/$(LAB_DIR)/manifests-dra
-	@# Would the load-aware extender place this fleet's pods better than counting GPUs? (docs/simulator.md)
-	@# The exclusive-device runs pin finnlp's 1g.10gb to one replica: the fleet their figures and goals were
-	@# measured on (the shipped inventory time-slices it x4, which sim-shared simulates).
-	@echo "Placement simulator: mixed 4 h trace, count / random-fit / load / load-no-inflight -> $(LAB_DIR)/sim/"
-	@gpufleet-extender simulate --inventory inventories/lab --share finnlp:1g.10gb=1 --output $(LAB_DIR)/sim \
-	  --seed 1 --quiet > $(LAB_DIR)/sim/report.txt
-	@# ... and whether packing at night frees whole GPUs and nodes (spread vs pack vs auto).
-	@echo "Placement simulator: quiet-night trace, spread / pack / auto -> $(LAB_DIR)/sim-quiet/"
-	@gpufleet-extender simulate --inventory inventories/lab --share finnlp:1g.10gb=1 --scenario quiet-night \
-	  --output $(LAB_DIR)/sim-quiet --seed 1 --quiet > $(LAB_DIR)/sim-quiet/report.txt
-	@# ... where load differs: finnlp's 1g.10gb time-sliced x4 (out-of-memory and slowdown, with the extender's
-	@# memory rule as docs/simulator.md fixed it), and tensor-parallel LLM pods with interference.
-	@echo "Placement simulator: finnlp 1g.10gb time-sliced x4, count / load -> $(LAB_DIR)/sim-shared/"
-	@SHARED_MEM_FREE_MIN=0.35 gpufleet-extender simulate --inventory inventories/lab --share finnlp:1g.10gb=4 \
-	  --policies count,load --output $(LAB_DIR)/sim-shared --seed 1 --quiet > $(LAB_DIR)/sim-shared/report.txt
-	@echo "Placement simulator: tensor-parallel LLM mix with interference -> $(LAB_DIR)/sim-tp/"
-	@INTERFERENCE_WEIGHT=2 gpufleet-extender simulate --inventory inventories/lab --share finnlp:1g.10gb=1 \
-	  --scenario tp-mix --interference 0.3 --output $(LAB_DIR)/sim-tp --seed 1 --quiet \
-	  > $(LAB_DIR)/sim-tp/report.txt
-	@python tools/lab_verdict.py $(LAB_DIR) $(if $(filter enforce,$(LAB_GOALS)),--enforce-goals)
+	@mkdir -p $(LAB_DIR)/sim $(LAB_DIR)/sim-quiet $(LAB_DIR)/sim-shared $(LAB_DIR)/sim-tp
+	@# Would the load-aware extender place this fleet's pods better than counting GPUs? (docs/simulator.md) Every
+	@# run reads the inventory's pools and the extender settings the roles rendered (--config). The exclusive-device
+	@# runs take each time-sliced resource exclusive (SHARE_EXCLUSIVE): the fleet their goals were measured on.
+	@. $(LAB_DIR)/plan.env; \
+	echo "Placement simulator: mixed 4 h trace, count / random-fit / load / load-no-inflight -> $(LAB_DIR)/sim/"; \
+	gpufleet-extender simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml $$SHARE_EXCLUSIVE \
+	  --output $(LAB_DIR)/sim --seed 1 --quiet > $(LAB_DIR)/sim/report.txt; \
+	echo "Placement simulator: quiet-night trace, spread / pack / auto -> $(LAB_DIR)/sim-quiet/"; \
+	gpufleet-extender simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml $$SHARE_EXCLUSIVE \
+	  --scenario quiet-night --output $(LAB_DIR)/sim-quiet --seed 1 --quiet > $(LAB_DIR)/sim-quiet/report.txt; \
+	echo "Placement simulator: the inventory's time-slicing as deployed, count / load -> $(LAB_DIR)/sim-shared/"; \
+	gpufleet-extender simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml \
+	  --policies count,load --output $(LAB_DIR)/sim-shared --seed 1 --quiet > $(LAB_DIR)/sim-shared/report.txt; \
+	echo "Placement simulator: tensor-parallel LLM mix with interference -> $(LAB_DIR)/sim-tp/"; \
+	gpufleet-extender simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml $$SHARE_EXCLUSIVE \
+	  --scenario tp-mix --interference 0.3 --output $(LAB_DIR)/sim-tp --seed 1 --quiet > $(LAB_DIR)/sim-tp/report.txt
+	@python tools/lab_verdict.py $(LAB_DIR) --inventory $(INVENTORY) $(if $(filter enforce,$(LAB_GOALS)),--enforce-goals)
 
 lab-reset:
 	rm -rf $(LAB_DIR)

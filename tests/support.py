@@ -32,6 +32,19 @@ def collections_path() -> str:
     return str(tree)
 
 
+# The lab as `make lab` runs it: the Hong Kong inventory as it is, the simulation overrides on top as extra vars.
+# "<inventory>+lab" is any inventory run that way.
+LAB = "inventories/hongkong+lab"
+LAB_VARS = REPO / "playbooks/vars/lab.yml"
+
+
+def inventory_args(inventory: str) -> list[str]:
+    """ansible-playbook's arguments for an inventory: `-i <path>`; for "<path>+lab" the lab's overrides on top."""
+    if inventory.endswith("+lab"):
+        return ["-i", str(REPO / inventory.removesuffix("+lab")), "-e", f"@{LAB_VARS}"]
+    return ["-i", str(REPO / inventory)]
+
+
 def run_playbook(
     playbook: str, inventory: str, extra_vars: dict, tmp_path: Path, args: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess:
@@ -42,7 +55,7 @@ def run_playbook(
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     ansible_playbook = Path(sys.executable).with_name("ansible-playbook")
     return subprocess.run(
-        [str(ansible_playbook), "-i", str(REPO / inventory), playbook, "-e", f"@{vars_file}", *args],
+        [str(ansible_playbook), *inventory_args(inventory), playbook, "-e", f"@{vars_file}", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -66,7 +79,7 @@ def free_port() -> int:
 
 
 def try_render(
-    roles: list[str], tmp_path: Path, inventory: str = "inventories/lab", extra_vars=None
+    roles: list[str], tmp_path: Path, inventory: str = "inventories/hongkong+lab", extra_vars=None
 ) -> tuple[subprocess.CompletedProcess, Path]:
     """Run the given roles on localhost in render mode; return the run and the manifests directory.
 
@@ -90,7 +103,9 @@ def try_render(
     return run_playbook(str(playbook), inventory, all_vars, tmp_path), manifests
 
 
-def render_roles(roles: list[str], tmp_path: Path, inventory: str = "inventories/lab", extra_vars=None) -> Path:
+def render_roles(
+    roles: list[str], tmp_path: Path, inventory: str = "inventories/hongkong+lab", extra_vars=None
+) -> Path:
     """Run the given roles on localhost in render mode; return the manifests directory (the test fails if it fails)."""
     result, manifests = try_render(roles, tmp_path, inventory, extra_vars)
     if result.returncode != 0:

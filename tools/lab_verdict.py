@@ -1,12 +1,13 @@
 """The closing block of `make lab`: the fleet, the placement simulator's verdict, the goals, and where things are.
 
-Reads what the lab's steps left in the lab directory (default build/lab): fleet-summary.txt (written by
-playbooks/site.yml when gpufleet_fleet_summary_file is set, as the lab inventory does), sim/results.json and
+Reads what the lab's steps left in the lab directory (build/lab/<inventory>): fleet-summary.txt (written by
+playbooks/site.yml when gpufleet_fleet_summary_file is set, as the lab's overrides do), sim/results.json and
 sim-quiet/results.json (gpufleet-extender simulate), the rendered manifests, and the alert rules and dashboard
 (monitoring/). The MIG re-layout comparison
 (static layouts against a re-layout every 10 minutes on the day trace, docs/simulator.md) is read from
-sim-relayout/results.json, which this script writes first by running the comparison's lab variant (x0.25, about
-a minute; `--reuse-relayout` reads the one already there instead).
+sim-relayout/results.json, which this script writes first by running the comparison's lab variant on the
+inventory (x0.25, about a minute; `--reuse-relayout` reads the one already there instead). Its day trace is the
+Hong Kong MIG pools' day: on a fleet without those pools the block says the comparison was not run, and why.
 
 A goal the simulator does not meet is a finding about the placement model, explained in docs/simulator.md, not a
 fault of the lab: the block says so, and the exit status stays 0. `--enforce-goals` (`make lab LAB_GOALS=enforce`)
@@ -39,27 +40,39 @@ RULE = "=" * WIDTH
 RUNS = {
     "sim": "mixed trace, count vs random-fit vs load",
     "sim-quiet": "quiet-night trace, spread vs pack vs auto",
-    "sim-shared": "finnlp's 1g.10gb time-sliced x4, count vs load (SHARED_MEM_FREE_MIN 0.35)",
+    "sim-shared": "the inventory's time-slicing as deployed, count vs load",
     "sim-tp": "tensor-parallel LLM mix with interference, count vs spread vs auto",
     "sim-relayout": "MIG day trace (x0.25), static layouts vs a re-layout every 10 min",
 }
 # The gains in the order a user feels them: failures and slowdown, waiting, GPUs, free nodes.
 GAINS_ORDER = ("sim-shared", "sim-tp", "sim-relayout", "sim-quiet", "sim")
 # The re-layout's lab variant: the day trace's rates and the pools x0.25 (the full day takes minutes).
-RELAYOUT_LAB_ARGS = ["--inventory", "inventories/lab", "--scale", "0.25", "--quiet"]
+RELAYOUT_LAB_ARGS = ["--scale", "0.25", "--quiet"]
 
 
-def _run_relayout(directory: Path) -> None:
-    """The re-layout comparison's lab variant into `directory` (its table in report.txt)."""
+def _run_relayout(directory: Path, inventory: str) -> str | None:
+    """The re-layout comparison's lab variant on the inventory into `directory` (its table in report.txt); None, or
+    why it was not run (the day trace's pools are Hong Kong's)."""
     import contextlib
+    import io
 
+    from gpufleet_extender.simulate.relayout import DAY_STREAMS
     from gpufleet_extender.simulate.relayout import main as relayout_main
 
     directory.mkdir(parents=True, exist_ok=True)
-    with (directory / "report.txt").open("w", encoding="utf-8") as report, contextlib.redirect_stdout(report):
-        status = relayout_main([*RELAYOUT_LAB_ARGS, "--output", str(directory)])
-    if status != 0:
-        print(f"lab verdict: the re-layout simulation failed (exit {status})", file=sys.stderr)
+    (directory / "results.json").unlink(missing_ok=True)
+    errors = io.StringIO()
+    with (
+        (directory / "report.txt").open("w", encoding="utf-8") as report,
+        contextlib.redirect_stdout(report),
+        contextlib.redirect_stderr(errors),
+    ):
+        status = relayout_main(["--inventory", inventory, *RELAYOUT_LAB_ARGS, "--output", str(directory)])
+    if status == 0:
+        return None
+    pools = ", ".join(sorted({s.tenant for s in DAY_STREAMS}))
+    reason = errors.getvalue().strip().removeprefix("relayout: ") or f"exit {status}"
+    return f"not run on this fleet: its day trace is for H100 80GB MIG pools {pools} ({reason})"
 
 
 def _fleet_lines(summary: Path) -> list[str]:
@@ -95,7 +108,8 @@ def _count_files(directory: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("lab_dir", type=Path, nargs="?", default=Path("build/lab"))
+    parser.add_argument("lab_dir", type=Path, nargs="?", default=Path("build/lab/hongkong"))
+    parser.add_argument("--inventory", default="inventories/hongkong", help="the inventory the lab ran")
     parser.add_argument("--enforce-goals", action="store_true", help="exit 1 when a simulator goal is not met")
     parser.add_argument(
         "--reuse-relayout", action="store_true", help="read sim-relayout/results.json instead of running it again"
@@ -105,10 +119,14 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = lab / "fleet-summary.txt"
     documents = {}
+    skipped: dict[str, str] = {}
     for run in RUNS:
         path = lab / run / "results.json"
         if run == "sim-relayout" and not args.reuse_relayout:
-            _run_relayout(lab / run)
+            why = _run_relayout(lab / run, args.inventory)
+            if why:
+                skipped[run] = why
+                continue
         if not path.is_file():
             print(f"lab verdict: {path} is missing: the simulator step did not run", file=sys.stderr)
             return 2
@@ -120,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     out = [RULE, "make lab: the verdict", RULE]
     # The gains first, in what a user of the fleet feels; every figure is defined in docs/simulator.md.
     out.append(f"What the fleet gains, on the lab's fleet ({DOCS}#{GAINS_SECTION}):")
-    gained = [line for run in GAINS_ORDER for line in gains(documents[run])]
+    gained = [line for run in GAINS_ORDER if run in documents for line in gains(documents[run])]
     out += [f"  + {line}" for line in gained] or ["  nothing on these runs"]
     out.append("Where load-awareness does not help, and why:")
     out += [f"  - {line}" for document in documents.values() for line in limits(document)]
@@ -133,10 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         out.append(f"  {run}: {RUNS[run]} ({document['trace']['pods']} pods)")
         if document.get("kind") == "mig-relayout":
             out += [f"    {line}" for line in relayout_findings(document)]
+    for run, why in skipped.items():
+        out.append(f"  {run}: {RUNS[run]}: {why}")
 
     advice = lab / "rebalance" / "advice.txt"
     if advice.is_file():
-        out.append("MIG re-layout on a copy of the finance pool's GPUs (docs/mig-rebalance.md), the advice applied:")
+        out.append("MIG re-layout on a copy of one MIG pool's GPUs (docs/mig-rebalance.md), the advice applied:")
         out += [f"  {line}" for line in advice.read_text(encoding="utf-8").splitlines()]
 
     missed = sum(goals_missed(d) for d in documents.values())
@@ -164,13 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     out.append(f"  manifests   {manifests}/ ({_count_files(manifests)} files, one directory per role)")
     out.append(f"  plots       {', '.join(plots) if plots else 'none (matplotlib missing)'}")
     out.append(
-        "  reports     " + ", ".join(f"{lab / run}/report.txt" for run in RUNS) + " (tables); results.json beside each"
+        "  reports     "
+        + ", ".join(f"{lab / run}/report.txt" for run in documents)
+        + " (tables); results.json beside each"
     )
     monitoring = _monitoring_line(lab)
     if monitoring:
         out.append(monitoring)
     out.append(f"  host state  {lab / 'nvml'}/ (simulated GPUs), {lab / 'hosts'}/ (each node's files)")
-    out.append(f"  re-layout   {lab / 'rebalance'}/ (the finance pool's GPUs after the advice)")
+    if advice.is_file():
+        out.append(f"  re-layout   {lab / 'rebalance'}/ (the pool's GPUs after the advice)")
     out.append(RULE)
     for line in "\n".join(out).splitlines():
         lead = len(line) - len(line.lstrip())

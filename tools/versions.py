@@ -34,7 +34,13 @@ class Binding:
 
 
 def bindings(versions: dict, collection_version: str) -> list[Binding]:
-    found = [Binding("preflight", "preflight_kubelet_min_version", versions["kubernetes"]["minimum"])]
+    kubernetes = versions["kubernetes"]
+    found = [
+        Binding("preflight", "preflight_kubelet_min_version", kubernetes["minimum"]),
+        Binding("preflight", "preflight_kubernetes_min_version", kubernetes["minimum"]),
+        # The cluster-side check compares minor versions: the tested release's major.minor is the newest accepted.
+        Binding("preflight", "preflight_kubernetes_max_version", ".".join(kubernetes["tested"].split(".")[:2])),
+    ]
     for component in versions["components"]:
         value = component["version"] if "chart" in component else f"{component['image']}:{component['version']}"
         found.append(Binding(component["role"], component["variable"], value))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_instances
+from ansible_collections.gpufleet.mig.plugins.filter.host_gpus import host_gpus
 from ansible_collections.gpufleet.mig.plugins.module_utils.layout import profile_slices
 
 WHOLE_GPU = "gpu"
@@ -83,7 +83,7 @@ def fleet_summary(hostvars, groups, tenants) -> list[str]:
         pool: Counter = Counter()
         for host in hosts:
             node = hostvars[host]
-            implied = Counter(mig_node_instances(node.get("mig_partition_config", []), node["gpufleet_gpus_per_node"]))
+            implied = Counter(host_gpus(host, hostvars)["instances"])
             result = node.get("mig_partition_result")
             if result is None:
                 counts, note = implied, "  (not configured in this run: from the layout)"

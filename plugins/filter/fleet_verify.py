@@ -11,15 +11,12 @@ object and what to do.
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_resources
 from ansible_collections.gpufleet.mig.plugins.filter.tenants_model import tenants_sharing
+from ansible_collections.gpufleet.mig.plugins.module_utils import host_gpus as facts
+from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError
 
 GPU_RESOURCE_PREFIX = "nvidia.com/"
 CONFIG_HASH_ANNOTATION = "gpufleet.io/scheduler-config-hash"
-
-
-def _host_node(hostvars: dict, host: str) -> str:
-    return str((hostvars.get(host) or {}).get("gpufleet_node_name") or host)
 
 
 def fleet_expected(hostvars, groups, tenants, allocation: str = "device_plugin") -> dict:
@@ -32,16 +29,14 @@ def fleet_expected(hostvars, groups, tenants, allocation: str = "device_plugin")
     for tenant, spec in tenants.items():
         pool: dict[str, dict[str, int]] = {}
         for host in (groups or {}).get(spec.get("group"), []):
-            hv = hostvars.get(host) or {}
-            if allocation == "dra" or "mig_partition_config" not in hv:
-                pool[_host_node(hostvars, host)] = {}
-                continue
-            pool[_host_node(hostvars, host)] = mig_node_resources(
-                hv["mig_partition_config"],
-                hv.get("gpufleet_gpus_per_node", 8),
-                hv.get("gpufleet_gpu_product"),
-                replicas=sharing.get(tenant),
-            )
+            hv = hostvars[host]
+            try:
+                if allocation == "dra" or facts.LAYOUT_VAR not in hv:
+                    pool[facts.node_name(host, hv)] = {}
+                else:
+                    pool[facts.node_name(host, hv)] = facts.host_gpus(host, hv).resources(sharing.get(tenant))
+            except MigError as err:
+                raise AnsibleFilterError(f"fleet_expected: {err}") from None
         expected[str(tenant)] = pool
     return expected
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.gpufleet.mig.plugins.module_utils import host_gpus
+from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError
 
 DOCUMENTATION = r"""
 name: preflight_cluster_problems
@@ -69,7 +71,11 @@ def preflight_cluster_problems(facts) -> list[str]:
     nodes = set(facts.get("nodes") or [])
     hostvars = facts.get("hostvars") or {}
     for host in facts.get("gpu_hosts") or []:
-        node = hostvars.get(host, {}).get("gpufleet_node_name") or host
+        try:
+            node = host_gpus.node_name(host, hostvars[host])
+        except MigError as err:
+            problems.append(str(err))
+            continue
         if node not in nodes:
             problems.append(
                 f"GPU host {host}: no Node named {node} in the cluster (kubectl get nodes): join it, or set "

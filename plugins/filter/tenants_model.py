@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ansible_collections.gpufleet.mig.plugins.filter.mig_layout import mig_node_resources
+from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError
+from ansible_collections.gpufleet.mig.plugins.module_utils.host_gpus import host_gpus, node_name
 from ansible_collections.gpufleet.mig.plugins.module_utils.names import (
     RESOURCE_FORMS,
     WHOLE_GPU_RESOURCE,
@@ -43,6 +44,13 @@ options:
     description: C(gpufleet_tenants) (tenant -> {group, namespaces, priority_class, pod_security, description}).
     type: dict
     required: true
+  reserved_namespaces:
+    description: >-
+      Namespaces no tenant may own besides Kubernetes' own (kube-system, kube-public, kube-node-lease, default): the
+      fleet's own (C(gpufleet_namespace), C(gpufleet_node_agents_namespace)).
+    type: list
+    elements: str
+    default: []
   priority_classes:
     description: Names of the PriorityClasses the role defines (C(tenants_priority_classes) names).
     type: list
@@ -89,8 +97,8 @@ RETURN = r"""
 _value:
   description:
     - C(errors) inventory problems, one sentence each; C(resources) every GPU resource of the fleet
-      (nvidia.com/gpu first, then the nvidia.com/mig-* sorted); C(tenants) tenant -> {group, hosts, namespaces,
-      priority_class, pod_security, description, sharing, device_plugin_config, capacity, quotas, access,
+      (nvidia.com/gpu first, then the nvidia.com/mig-* sorted); C(tenants) tenant -> {group, hosts, node_names,
+      namespaces, priority_class, pod_security, description, sharing, device_plugin_config, capacity, quotas, access,
       service_types, namespace_quota, dra_classes, dra_quotas}, C(sharing)
       resource -> replicas (>= 2 only), C(device_plugin_config) the name of the device plugin's config for the
       pool's nodes or null, C(capacity) what the pool's nodes advertise (devices x replicas); C(access)
@@ -98,7 +106,7 @@ _value:
       C(namespace_quota) its object-count and CPU/memory quota; C(dra_classes) resource -> the DeviceClass of the
       pool's devices of that kind (resources the pool has); C(dra_quotas) namespace -> DeviceClass -> devices, every
       tenant's classes (another pool's are 0); C(dra_classes_fleet) every tenant's DeviceClasses;
-      C(nodes) GPU node -> tenant or null.
+      C(nodes) Kubernetes node name of each GPU node (C(gpufleet.mig.node_name)) -> tenant or null.
   type: dict
 """
 
@@ -107,6 +115,8 @@ POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
 # A node label value (the device plugin's config name is one: nvidia.com/device-plugin.config=<name>).
 LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 SHARED_CONFIG_PREFIX = "time-sliced-"
+# Kubernetes' own namespaces: a tenant's Role there (secrets access in kube-system) would reach the cluster's own.
+KUBERNETES_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease", "default")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
 # A ResourceQuota key (pods, count/secrets, requests.cpu, ...) and a quantity (a count, 500m, 64Gi, 1e3).
 QUOTA_KEY = re.compile(r"[a-z0-9]([-a-z0-9./]*[a-z0-9])?")
@@ -171,8 +181,18 @@ def tenants_sharing(tenants) -> dict:
 
 
 class _Model:
-    def __init__(self, hostvars, groups, priority_classes, pod_security_level, allow_privileged, access_group_prefix):
+    def __init__(
+        self,
+        hostvars,
+        groups,
+        priority_classes,
+        pod_security_level,
+        allow_privileged,
+        access_group_prefix,
+        reserved_namespaces=(),
+    ):
         self.hostvars, self.groups = hostvars, groups
+        self.reserved_namespaces = [*KUBERNETES_NAMESPACES, *(str(n) for n in reserved_namespaces or () if n)]
         self.access_group_prefix = access_group_prefix
         self.priority_classes = list(priority_classes)
         self.pod_security_level, self.allow_privileged = pod_security_level, allow_privileged
@@ -221,6 +241,11 @@ class _Model:
         for ns in namespaces:
             if not isinstance(ns, str) or not DNS_LABEL.fullmatch(ns):
                 self.errors.append(f"tenant {tenant}: namespace {ns} is not a valid namespace name (DNS label)")
+            elif ns in self.reserved_namespaces:
+                self.errors.append(
+                    f"tenant {tenant}: namespace {ns} is reserved (Kubernetes' own or the fleet's: "
+                    f"{', '.join(self.reserved_namespaces)}); a tenant's Role and labels must not reach it"
+                )
             elif ns in self.tenant_of_ns:
                 self.errors.append(f"namespace {ns} is listed by two tenants: {self.tenant_of_ns[ns]} and {tenant}")
             else:
@@ -247,6 +272,7 @@ class _Model:
             "namespace_quota_override": spec.get("namespace_quota", {}),
             "group": group,
             "hosts": hosts,
+            "node_names": [self._node_name(host) for host in hosts],
             "namespaces": namespaces,
             "priority_class": priority_class,
             "pod_security": pod_security,
@@ -254,6 +280,14 @@ class _Model:
             "sharing": self.sharing["tenants"].get(tenant, {}),
             "device_plugin_config": self.sharing["labels"].get(tenant),
         }
+
+    def _node_name(self, host: str) -> str:
+        try:
+            return node_name(host, self.hostvars[host])
+        except MigError as exc:
+            if exc.message not in self.errors:
+                self.errors.append(exc.message)
+            return host
 
     def _access(self, tenant: str, value) -> dict[str, list[str]]:
         """Who holds the tenant's Role: {groups, users}; the group <prefix><tenant> when the inventory names nobody."""
@@ -363,15 +397,11 @@ class _Model:
         capacity: dict[str, dict[str, int]] = {}
         resources = {WHOLE_GPU_RESOURCE}
         for host in self.gpu_nodes:
-            node = self.hostvars[host]
-            if node.get("mig_partition_config") is None or node.get("gpufleet_gpus_per_node") is None:
-                self.errors.append(
-                    f"host {host} needs mig_partition_config and gpufleet_gpus_per_node to size its pool"
-                )
+            try:
+                exposed = host_gpus(host, self.hostvars[host]).resources()
+            except MigError as exc:
+                self.errors.append(exc.message)
                 continue
-            exposed = mig_node_resources(
-                node["mig_partition_config"], _as_int(node["gpufleet_gpus_per_node"]), node.get("gpufleet_gpu_product")
-            )
             capacity[host] = exposed
             resources.update(exposed)
         return capacity, [WHOLE_GPU_RESOURCE, *sorted(resources - {WHOLE_GPU_RESOURCE})]
@@ -451,8 +481,17 @@ def tenants_model(
     allow_overcommit=False,
     namespace_quota=None,
     access_group_prefix="gpufleet:",
+    reserved_namespaces=(),
 ) -> dict:
-    model = _Model(hostvars, groups, priority_classes, pod_security_level, allow_privileged, access_group_prefix)
+    model = _Model(
+        hostvars,
+        groups,
+        priority_classes,
+        pod_security_level,
+        allow_privileged,
+        access_group_prefix,
+        reserved_namespaces,
+    )
     model.pools(tenants)
     model.unpooled_claims()
     capacity, resources = model.node_capacity()
@@ -466,7 +505,8 @@ def tenants_model(
         "resources": resources,
         "dra_classes_fleet": dra_classes,
         "tenants": model.tenants,
-        "nodes": {host: model.tenant_of_host.get(host) for host in model.gpu_nodes},
+        # Kubernetes node name -> tenant (null: a GPU node in no pool).
+        "nodes": {model._node_name(host): model.tenant_of_host.get(host) for host in model.gpu_nodes},
     }
 
 

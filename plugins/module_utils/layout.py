@@ -16,16 +16,14 @@ from typing import Any
 from .exceptions import SpecError
 from .names import parse_profile_name
 from .planner import Catalog, validate_target
-from .profile_tables import H100_80GB, ProductTable, product_table
+from .profile_tables import DEFAULT_PRODUCT, ProductTable, product_table
 from .spec import GpuSelectable, parse_config, targets_for_gpus
 
 
 def product_or_default(product: str | None) -> ProductTable:
-    """The profile table of a product (NVML's name; default the fleet's H100 80GB); SpecError when not modelled."""
-    if not product:
-        return H100_80GB
+    """The profile table of a product (NVML's name; default DEFAULT_PRODUCT); SpecError when not modelled."""
     try:
-        return product_table(product)
+        return product_table(product or DEFAULT_PRODUCT)
     except KeyError as exc:
         raise SpecError(str(exc.args[0])) from None
 

@@ -42,10 +42,9 @@ from .nvml import (
     ProfileInfo,
     merge_processes,
 )
-from .profile_tables import MEMORY_SLICES, PROFILE_COUNT, ProductTable, ProfileRow, product_table
+from .profile_tables import DEFAULT_PRODUCT, MEMORY_SLICES, PROFILE_COUNT, ProductTable, ProfileRow, product_table
 
 STATE_VERSION = 1
-DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
 DEFAULT_GPUS = 8
 PRODUCT_ENV = "GPUFLEET_NVML_SIM_PRODUCT"
 GPUS_ENV = "GPUFLEET_NVML_SIM_GPUS"

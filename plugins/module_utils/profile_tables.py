@@ -55,6 +55,8 @@ class ProductTable:
     # nvmlPciInfo_t.pciSubSystemId (subsystem device << 16 | subsystem vendor): it depends on the board, so this is
     # one board's value (the simulator's default), for device-filter entries written with a subsystem ID.
     pci_subsystem_id: int | None = None
+    # An SXM module on an HGX baseboard (NVLink between the GPUs, NVSwitch on the 8-GPU board); False: a PCIe card.
+    sxm: bool = False
 
 
 # Placement geometry shared by H100 and H200 (start:size over the 8 memory slices).
@@ -85,7 +87,7 @@ def _hopper(
         starts, size = _HOPPER_GEOMETRY[geometry]
         name, memory = sizes[name_key]
         rows.append(ProfileRow(enum, profile_id, name, slice_count, count, memory, starts, size))
-    return ProductTable(product, memory_mib, pci_device_id, tuple(rows), subsystem)
+    return ProductTable(product, memory_mib, pci_device_id, tuple(rows), subsystem, sxm=True)
 
 
 H100_80GB = _hopper(
@@ -123,6 +125,18 @@ H200_141GB = _hopper(
 L4 = ProductTable("NVIDIA L4", 23034, 0x27B810DE, ())
 
 PRODUCTS = (H100_80GB, H200_141GB, L4)
+
+
+def nvswitches(table: ProductTable, gpu_count: int) -> int:
+    """NVSwitch chips on a host's GPU board: an HGX H100/H200 8-GPU board has 4 (NVLink 4 through third-generation
+    NVSwitch, which nvidia-fabricmanager must run for); a 4-GPU HGX board links its GPUs directly, and PCIe cards
+    (L4) have no NVLink fabric."""
+    return 4 if table.sxm and gpu_count == 8 else 0
+
+
+# The product of a host whose inventory does not name one (gpufleet_gpu_product), and of a simulated host: the one
+# default, read by the layout library, the host facts (host_gpus) and the NVML simulator.
+DEFAULT_PRODUCT = H100_80GB.product
 
 
 def product_table(product: str) -> ProductTable:

@@ -108,11 +108,11 @@ def commands(text: str) -> list[str]:
 def lab_files(tmp_path_factory) -> dict[str, str]:
     """build/lab paths the docs name -> the same files made in a temporary directory by the collection's code."""
     tmp = tmp_path_factory.mktemp("lab")
-    inventory = json.loads(_run([str(BIN / "ansible-inventory"), "-i", "inventories/lab", "--list"]))
+    inventory = json.loads(_run([str(BIN / "ansible-inventory"), "-i", "inventories/hongkong", "--list"]))
     hostvars = inventory["_meta"]["hostvars"]
     paths = {}
     for doc_text in (b.text for b in ALL):
-        for node in re.findall(r"build/lab/(?:hosts|nvml)/(hk-gpu-\d\d)", doc_text):
+        for node in re.findall(r"build/lab/hongkong/(?:hosts|nvml)/(hk-gpu-\d\d)", doc_text):
             layout = tmp / f"{node}-mig-layout.json"
             state = tmp / f"{node}-nvml.json"
             if not layout.exists():
@@ -121,8 +121,8 @@ def lab_files(tmp_path_factory) -> dict[str, str]:
                     [sys.executable, "-m", BOOT_APPLY, "--config", str(layout), "--nvml-sim-state", str(state)],
                     env={**_env(), "PYTHONPATH": COLLECTIONS_PATH},
                 )
-            paths[f"build/lab/hosts/{node}/etc/gpufleet/mig-layout.json"] = str(layout)
-            paths[f"build/lab/nvml/{node}.json"] = str(state)
+            paths[f"build/lab/hongkong/hosts/{node}/etc/gpufleet/mig-layout.json"] = str(layout)
+            paths[f"build/lab/hongkong/nvml/{node}.json"] = str(state)
     settings = tmp / "extender.yaml"  # a user's own extender settings file, as the simulator docs suggest
     settings.write_text("GPU_UTIL_THRESHOLD: 0.8\n")
     paths["--config extender.yaml"] = f"--config {settings}"
@@ -352,7 +352,7 @@ def check_yaml(block: Block, hongkong, tmp_path: Path) -> None:
     if isinstance(data, list) and all(isinstance(p, dict) and "hosts" in p for p in data):
         playbook = tmp_path / "play.yml"
         playbook.write_text(block.text)
-        _run([str(BIN / "ansible-playbook"), "-i", "inventories/lab", "--syntax-check", str(playbook)])
+        _run([str(BIN / "ansible-playbook"), "-i", "inventories/hongkong", "--syntax-check", str(playbook)])
     elif isinstance(data, dict) and "mig_partition_config" in data:
         assert mig_node_resources(data["mig_partition_config"], 8)
     elif isinstance(data, dict) and ("extenders" in data or ("profiles" in data and "schedulerName" in str(data))):

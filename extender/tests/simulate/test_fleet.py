@@ -123,8 +123,9 @@ def test_inventory_data_gives_gpu_hosts_their_tenant_and_namespaces():
     }
     fleet = fleet_from_inventory_data(data)
     assert [(n.name, n.tenant, len(n.devices)) for n in fleet.nodes] == [("gpu-01", "llm", 4)]
-    # What the devices were made from, for the re-layout model: each GPU's layout (None: MIG off) and the product.
-    assert fleet.nodes[0].gpus == (None,) * 4 and fleet.nodes[0].product is None
+    # What the devices were made from, for the re-layout model: each GPU's layout (None: MIG off) and the product
+    # (the one default when the inventory names none).
+    assert fleet.nodes[0].gpus == (None,) * 4 and fleet.nodes[0].product == "NVIDIA H100 80GB HBM3"
     hostvars = data["_meta"]["hostvars"]
     hostvars["gpu-01"]["mig_partition_config"] = [
         {"devices": [1], "mig_enabled": True, "mig_devices": {"2g.20gb": 1, "1g.10gb": 2}}
@@ -135,7 +136,7 @@ def test_inventory_data_gives_gpu_hosts_their_tenant_and_namespaces():
     assert node.product == "NVIDIA H100 80GB HBM3"
     # A product without a profile table is named as the product, not as a layout problem.
     hostvars["gpu-01"]["gpufleet_gpu_product"] = "NVIDIA T4"
-    with pytest.raises(FleetError, match=r"^gpu-01: gpufleet_gpu_product: "):
+    with pytest.raises(FleetError, match=r"^host gpu-01: gpufleet_gpu_product: "):
         fleet_from_inventory_data(data)
     assert fleet.namespace_tenants == {"llm-inference": "llm"}
     with pytest.raises(FleetError, match="no host has a mig_partition_config"):

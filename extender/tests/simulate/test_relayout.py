@@ -130,7 +130,11 @@ def _inventory(**img_vars):
                     "mig_partition_config": [{"devices": "all", "mig_enabled": True, "mig_devices": {"3g.40gb": 2}}],
                     **img_vars,
                 },
-                "llm-1": {"gpufleet_tenant": "llm", "mig_partition_config": [{"devices": "all", "mig_enabled": False}]},
+                "llm-1": {
+                    "gpufleet_tenant": "llm",
+                    "gpufleet_gpus_per_node": 8,
+                    "mig_partition_config": [{"devices": "all", "mig_enabled": False}],
+                },
                 "cp": {},
             }
         }
@@ -152,7 +156,7 @@ def test_pools_come_from_the_fleet_readers_layouts_exactly_placed():
     h200 = fleet_from_inventory_data(_inventory(gpufleet_gpu_product="NVIDIA H200", mig_partition_config=h200_layout))
     with pytest.raises(relayout.RelayoutError, match=r"^img-1: gpufleet_gpu_product NVIDIA H200: the re-layout model"):
         pools_from_fleet(h200)
-    with pytest.raises(FleetError, match=r"^img-1: gpufleet_gpu_product: "):
+    with pytest.raises(FleetError, match=r"^host img-1: gpufleet_gpu_product: "):
         fleet_from_inventory_data(_inventory(gpufleet_gpu_product="NVIDIA T4"))
 
 

@@ -37,7 +37,11 @@ def test_inventory_sharing_is_per_pool_and_resource():
                     "mig_partition_config": [{"devices": "all", "mig_enabled": True, "mig_devices": {"1g.10gb": 7}}],
                     "gpufleet_tenants": {"finnlp": {"namespaces": ["finnlp"], "sharing": {"1g.10gb": 4}}},
                 },
-                "llm1": {"gpufleet_tenant": "llm", "gpufleet_gpus_per_node": 2, "mig_partition_config": None},
+                "llm1": {
+                    "gpufleet_tenant": "llm",
+                    "gpufleet_gpus_per_node": 2,
+                    "mig_partition_config": [{"devices": "all", "mig_enabled": False}],
+                },
             }
         }
     }

@@ -186,10 +186,10 @@ class FakeKubelet:
 
 
 def lab_hostvars() -> dict[str, dict]:
-    """The lab inventory's host variables, as ansible-inventory resolves them."""
+    """The Hong Kong inventory's host variables (what the lab simulates), as ansible-inventory resolves them."""
     inventory = Path(sys.executable).with_name("ansible-inventory")
     listing = subprocess.run(
-        [str(inventory), "-i", str(REPO / "inventories" / "lab"), "--list"],
+        [str(inventory), "-i", str(REPO / "inventories" / "hongkong"), "--list"],
         cwd=REPO,
         env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")),
         capture_output=True,

@@ -65,10 +65,10 @@ def mig_run(control_plane, tmp_path, node: str, drain_timeout: int = 10):
         "gpufleet_kubeconfig": str(control_plane.kubeconfig),
         "gpufleet_lab_dir": str(tmp_path),
         "mig_partition_k8s_drain": True,
-        "mig_partition_k8s_node_name": node,
+        "gpufleet_node_name": node,
         "mig_partition_k8s_drain_timeout": drain_timeout,
     }
-    result = run_playbook("playbooks/mig.yml", "inventories/lab", extra, tmp_path, ("--limit", HOST))
+    result = run_playbook("playbooks/mig.yml", "inventories/hongkong+lab", extra, tmp_path, ("--limit", HOST))
     return result.returncode, result.stdout + result.stderr
 
 

@@ -36,6 +36,9 @@ def lab_nodes(core):
 # test cluster), the Prometheus readers' token (the roles store it in their Secrets), and the fleet's own images
 # pushed to a registry. Preflight checks each of them.
 INSTALL_VARS = {
+    # Hong Kong patches kubeadm's static pods, which this control plane does not run: a plugin-mode fleet instead
+    # (a gpufleet-scheduler Deployment, which the tests below upgrade and verify.yml's canaries are bound by).
+    "kube_scheduler_mode": "plugin",
     "gpu_extender_tls_source": "secret",
     "gpu_extender_prometheus_token": "reader-token",
     "kube_scheduler_prometheus_token": "reader-token",
@@ -72,7 +75,7 @@ def site_run(control_plane, core, lab_nodes, tmp_path_factory):
             **INSTALL_VARS,
             **(extra or {}),
         }
-        result = run_playbook(playbook, "inventories/lab", extra_vars, lab_dir)
+        result = run_playbook(playbook, "inventories/hongkong+lab", extra_vars, lab_dir)
         assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-3000:]
         return result.stdout
 
@@ -139,7 +142,7 @@ def test_site_applies_the_fleet_then_changes_nothing(site_run, api, core, lab_no
         ("apps/v1", "Deployment", "descheduler", "gpufleet-system"),
         ("apps/v1", "DaemonSet", "nvidia-device-plugin", "gpufleet-node-agents"),
         ("apps/v1", "DaemonSet", "dcgm-exporter", "gpufleet-node-agents"),
-        ("v1", "ConfigMap", "gpufleet-dashboard-lab", "gpufleet-system"),  # the fleet dashboard (monitoring role)
+        ("v1", "ConfigMap", "gpufleet-dashboard-hongkong", "gpufleet-system"),  # the fleet dashboard (monitoring role)
     ]
     missing = [f"{kind} {ns}/{name}" for ver, kind, name, ns in expected if not exists(api, ver, kind, name, ns)]
     assert missing == []
@@ -228,7 +231,7 @@ def run_lab_playbook(control_plane, tmp_path, playbook: str, extra: dict | None 
         **INSTALL_VARS,
         **(extra or {}),
     }
-    return run_playbook(playbook, "inventories/lab", extra_vars, tmp_path)
+    return run_playbook(playbook, "inventories/hongkong+lab", extra_vars, tmp_path)
 
 
 def verify(control_plane, tmp_path, **extra):
@@ -338,7 +341,7 @@ def test_preflight_names_a_missing_secret_before_any_change(control_plane, runni
     text = " ".join(result.stdout.split())
     assert (
         "Secret gpufleet-system/prometheus-reader (gpu_extender_prometheus_auth_secret) is missing: set "
-        "gpu_extender_prometheus_token (the role then stores it) or create it with key token" in text
+        "gpu_extender_prometheus_token (the role then stores it) or create it with key prometheusAuthToken" in text
     ), text[-4000:]
     assert "The cluster is not ready for gpufleet.mig (nothing was changed)" in text
 

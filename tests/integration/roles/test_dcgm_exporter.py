@@ -28,7 +28,7 @@ def counters(config_map: dict) -> dict[str, str]:
     return {row[0].strip(): row[1].strip() for row in rows}
 
 
-@pytest.mark.parametrize("inventory", ["inventories/lab", "inventories/hongkong"])
+@pytest.mark.parametrize("inventory", ["inventories/hongkong+lab", "inventories/hongkong"])
 def test_renders_valid_exporter_with_profiling_counters_and_service_monitor(tmp_path, inventory):
     manifests = render_roles(
         ["gpufleet.mig.dcgm_exporter"], tmp_path, inventory, {"dcgm_exporter_service_monitor": "auto"}
@@ -154,7 +154,7 @@ def test_apply_mode_reaches_for_the_api_with_valid_arguments(tmp_path):
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
     }
-    result = run_playbook(str(playbook), "inventories/lab", extra, tmp_path)
+    result = run_playbook(str(playbook), "inventories/hongkong+lab", extra, tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "Apply the objects with server-side apply (namespaces/gpufleet-node-agents)" in output
@@ -210,7 +210,7 @@ def test_the_rules_are_generated_in_check_mode_too(tmp_path):
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
     }
-    result = run_playbook(str(playbook), "inventories/lab", extra, tmp_path)
+    result = run_playbook(str(playbook), "inventories/hongkong+lab", extra, tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "Write recording-rules.yaml.snippet" in result.stdout
 

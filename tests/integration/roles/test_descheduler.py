@@ -113,7 +113,7 @@ def low_node_utilization_errors(args: dict, prometheus_provider: bool) -> list[s
     return errors
 
 
-def rendered(tmp_path, inventory="inventories/lab", extra_vars=None, roles=("gpufleet.mig.descheduler",)):
+def rendered(tmp_path, inventory="inventories/hongkong+lab", extra_vars=None, roles=("gpufleet.mig.descheduler",)):
     manifests = render_roles(list(roles), tmp_path, inventory, extra_vars)
     documents = load_manifests(manifests)
     objects = {(d["kind"], d["metadata"]["name"]): d for docs in documents.values() for d in docs}
@@ -126,7 +126,7 @@ def load_args(policy: dict) -> dict:
     return {c["name"]: c.get("args", {}) for c in profile["pluginConfig"]}["LowNodeUtilization"]
 
 
-@pytest.mark.parametrize("inventory", ["inventories/lab", "inventories/hongkong"])
+@pytest.mark.parametrize("inventory", ["inventories/hongkong+lab", "inventories/hongkong"])
 def test_renders_a_valid_policy_covering_the_dcgm_exporter_nodes(tmp_path, inventory):
     roles = ("gpufleet.mig.dcgm_exporter", "gpufleet.mig.descheduler")
     manifests, objects, policy = rendered(tmp_path, inventory, roles=roles)
@@ -345,7 +345,7 @@ def test_bad_thresholds_fail_with_a_clear_message(tmp_path):
     assert not (manifests / "descheduler").exists()
 
 
-def render(tmp_path, pools, inventory="inventories/lab", **extra):
+def render(tmp_path, pools, inventory="inventories/hongkong+lab", **extra):
     manifests = render_roles(
         ["gpufleet.mig.descheduler"], tmp_path, inventory, {"descheduler_consolidation_pools": pools, **extra}
     )
@@ -367,7 +367,7 @@ def test_off_by_default(tmp_path):
     assert ("Deployment", "descheduler") in objects
 
 
-@pytest.mark.parametrize("inventory", ["inventories/lab", "inventories/hongkong"])
+@pytest.mark.parametrize("inventory", ["inventories/hongkong+lab", "inventories/hongkong"])
 def test_one_instance_per_pool_on_the_pool_nodes_only(tmp_path, inventory):
     manifests, objects = render(tmp_path, ["llm", "imagegen"], inventory)
     assert validate_manifests(manifests) >= 10

@@ -61,7 +61,7 @@ def check_base_config(config: dict) -> None:
     assert config["flags"]["plugin"]["deviceListStrategy"] == "volume-mounts"
 
 
-@pytest.mark.parametrize("inventory", ["inventories/lab", "inventories/hongkong"])
+@pytest.mark.parametrize("inventory", ["inventories/hongkong+lab", "inventories/hongkong"])
 def test_renders_a_default_and_a_named_time_slicing_config_chosen_by_node_label(tmp_path, inventory):
     manifests = render_roles(["gpufleet.mig.gpu_device_plugin"], tmp_path, inventory)
     # Namespace, ConfigMap, ServiceAccount, ClusterRole and binding (config-manager), plugin and GFD DaemonSets,
@@ -246,7 +246,7 @@ def mismatches(tmp_path, expected: dict, allocatable: dict) -> list[dict]:
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
     }
-    result = run_playbook(str(playbook), "inventories/lab", extra, tmp_path)
+    result = run_playbook(str(playbook), "inventories/hongkong+lab", extra, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
     return json.loads(out.read_text())
 

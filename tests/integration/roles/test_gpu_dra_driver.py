@@ -72,7 +72,7 @@ def test_the_release_is_pinned_with_dynamic_mig_on_the_fleets_gpu_nodes(tmp_path
     manifests = render_roles(
         ["gpufleet.mig.gpu_dra_driver"],
         tmp_path,
-        "inventories/lab",
+        "inventories/hongkong+lab",
         {**DRA, "gpu_dra_driver_extra_values": {"logVerbosity": "6", "featureGates": {"DynamicMIG": False}}},
     )
     release = yaml.safe_load((manifests / "gpu_dra_driver/helm-release.yml").read_text())
@@ -93,7 +93,7 @@ def test_without_helm_the_apply_mode_stops_before_any_change_saying_what_to_inst
     result, _ = try_render(
         ["gpufleet.mig.gpu_dra_driver"],
         tmp_path,
-        "inventories/lab",
+        "inventories/hongkong+lab",
         {**DRA, "gpufleet_k8s_mode": "apply", "gpu_dra_driver_helm_binary": str(missing)},
     )
     assert result.returncode != 0
@@ -115,7 +115,9 @@ def test_without_helm_the_apply_mode_stops_before_any_change_saying_what_to_inst
     ],
 )
 def test_bad_settings_are_refused_before_anything_is_rendered(tmp_path, extra, message):
-    result, manifests = try_render(["gpufleet.mig.gpu_dra_driver"], tmp_path, "inventories/lab", {**DRA, **extra})
+    result, manifests = try_render(
+        ["gpufleet.mig.gpu_dra_driver"], tmp_path, "inventories/hongkong+lab", {**DRA, **extra}
+    )
     assert result.returncode != 0
     assert message in " ".join(result.stdout.split())
     assert "Traceback" not in result.stdout + result.stderr
@@ -136,7 +138,7 @@ def lab_host_files(tmp_path):
 def test_mig_partition_leaves_dra_managed_gpus_to_the_driver(tmp_path):
     unit, layout, nvml_state = lab_host_files(tmp_path)
     extra = {**DRA, "gpufleet_lab_dir": str(tmp_path)}
-    result = run_playbook("playbooks/mig.yml", "inventories/lab", extra, tmp_path, ("--limit", "hk-gpu-17"))
+    result = run_playbook("playbooks/mig.yml", "inventories/hongkong+lab", extra, tmp_path, ("--limit", "hk-gpu-17"))
     assert result.returncode == 0, result.stdout[-3000:]
     # The boot unit would re-apply a layout the driver destroys at start: gone, with its layout file.
     assert not unit.exists()
@@ -149,7 +151,7 @@ def test_mig_partition_leaves_dra_managed_gpus_to_the_driver(tmp_path):
 def test_an_unknown_allocation_mode_changes_nothing(tmp_path):
     unit, layout, nvml_state = lab_host_files(tmp_path)
     extra = {"gpufleet_gpu_allocation": "DRA", "gpufleet_lab_dir": str(tmp_path)}
-    result = run_playbook("playbooks/mig.yml", "inventories/lab", extra, tmp_path, ("--limit", "hk-gpu-17"))
+    result = run_playbook("playbooks/mig.yml", "inventories/hongkong+lab", extra, tmp_path, ("--limit", "hk-gpu-17"))
     assert result.returncode != 0
     assert "value of gpufleet_gpu_allocation must be one of: device_plugin, dra, got: DRA" in result.stdout
     assert unit.exists() and layout.exists() and not nvml_state.exists()
@@ -158,7 +160,7 @@ def test_an_unknown_allocation_mode_changes_nothing(tmp_path):
 def test_the_dra_playbook_refuses_a_fleet_in_device_plugin_mode(tmp_path):
     manifests = tmp_path / "manifests"
     extra = {"gpufleet_manifests_dir": str(manifests), "gpufleet_k8s_mode": "render"}
-    result = run_playbook("playbooks/dra.yml", "inventories/lab", extra, tmp_path)
+    result = run_playbook("playbooks/dra.yml", "inventories/hongkong+lab", extra, tmp_path)
     assert result.returncode != 0
     assert "would both hand out the same GPUs" in " ".join(result.stdout.split())
     assert not manifests.exists()

@@ -85,7 +85,7 @@ def run_extender(tmp_path, inventory: str, extra_vars: dict, check_mode: bool = 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    return render_extender(tmp_path_factory.mktemp("extender-lab"), "inventories/lab")
+    return render_extender(tmp_path_factory.mktemp("extender-lab"), "inventories/hongkong+lab")
 
 
 # --- the lab ----------------------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_lab_network_policy_admits_only_scheduler_and_prometheus(lab):
     # Every peer is a (namespace AND pod) pair: no bare namespaceSelector admitting a whole namespace.
     assert all("podSelector" in p or "ipBlock" in p for p in rule["from"])
     ip_blocks = [p["ipBlock"]["cidr"] for p in rule["from"] if "ipBlock" in p]
-    assert ip_blocks == ["192.0.2.11/32", "192.0.2.12/32", "192.0.2.13/32"]
+    assert ip_blocks == ["10.20.0.0/28"]  # Hong Kong's control-plane subnet (gpu_extender_scheduler_host_cidrs)
 
 
 def test_hongkong_renders_with_the_fixed_cluster_ip_its_static_pod_scheduler_calls(tmp_path):
@@ -347,7 +347,7 @@ def test_tls_serves_from_the_secret_cert_manager_issues(lab, tmp_path):
     assert [item["key"] for item in volumes["tls"]["secret"]["items"]] == ["tls.crt", "tls.key"]  # never ca.key
     assert lab["Deployment"]["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 65532
 
-    tls = tls_objects(tmp_path / "lab", "inventories/lab")
+    tls = tls_objects(tmp_path / "lab", "inventories/hongkong+lab")
     serving = tls[("Certificate", "gpufleet-extender-tls")]["spec"]
     assert serving["secretName"] == "gpufleet-extender-tls"
     assert serving["dnsNames"][0] == "gpufleet-extender.gpufleet-system.svc"
@@ -356,11 +356,13 @@ def test_tls_serves_from_the_secret_cert_manager_issues(lab, tmp_path):
     assert tls[("Certificate", "gpufleet-extender-ca")]["spec"]["isCA"] is True
     assert tls[("Issuer", "gpufleet-extender-ca")]["spec"]["ca"] == {"secretName": "gpufleet-extender-ca"}
 
-    own = tls_objects(tmp_path / "own", "inventories/lab", {"gpu_extender_tls_source": "secret"})
+    own = tls_objects(tmp_path / "own", "inventories/hongkong+lab", {"gpu_extender_tls_source": "secret"})
     assert own == {}
     digest = "sha256:" + "0123456789abcdef" * 4
     plain = render_extender(
-        tmp_path / "plain", "inventories/lab", {"gpu_extender_tls_enabled": False, "gpu_extender_image_digest": digest}
+        tmp_path / "plain",
+        "inventories/hongkong+lab",
+        {"gpu_extender_tls_enabled": False, "gpu_extender_image_digest": digest},
     )
     container = plain["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert "args" not in container and container["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
@@ -385,7 +387,7 @@ def render_self_signed(tmp_path, pki, manifests, extra=None, check_mode=False):
         **(extra or {}),
     }
     tmp_path.mkdir(parents=True, exist_ok=True)
-    result = run_extender(tmp_path, "inventories/lab", settings, args=("--check",) if check_mode else ())
+    result = run_extender(tmp_path, "inventories/hongkong+lab", settings, args=("--check",) if check_mode else ())
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     return result
 
@@ -541,7 +543,7 @@ def test_self_signed_check_mode_makes_nothing_and_another_source_drops_the_file(
 )
 def test_bad_tls_settings_fail_with_a_clear_message(tmp_path, extra, shown):
     settings = {"gpufleet_k8s_mode": "render", "gpufleet_manifests_dir": str(tmp_path / "manifests"), **extra}
-    result = run_extender(tmp_path, "inventories/lab", settings)
+    result = run_extender(tmp_path, "inventories/hongkong+lab", settings)
     output = " ".join(result.stdout.split())
     assert result.returncode != 0
     assert shown in output
@@ -590,7 +592,7 @@ def test_auto_tls_without_an_answer_from_the_api_makes_no_ca_and_says_why(tmp_pa
 def test_scoring_strategy_reaches_the_extender_settings(tmp_path):
     rendered = render_extender(
         tmp_path,
-        "inventories/lab",
+        "inventories/hongkong+lab",
         extra_vars={"gpu_extender_scoring_strategy": "auto", "gpu_extender_auto_pack_below": 0.3},
     )
     data = rendered["ConfigMap"]["data"]
@@ -604,7 +606,7 @@ def test_the_pools_sharing_reaches_the_extender_as_the_pod_reads_it(tmp_path, mo
     tenants["llm"]["sharing"] = {"gpu": 2}
     tenants["imagegen"]["sharing"] = {"nvidia.com/mig-1g.10gb": 8}  # the largest count of a resource wins
     rendered = render_extender(
-        tmp_path, "inventories/lab", {"gpufleet_tenants": tenants, "gpu_extender_interference_weight": 1.5}
+        tmp_path, "inventories/hongkong+lab", {"gpufleet_tenants": tenants, "gpu_extender_interference_weight": 1.5}
     )
     data = rendered["ConfigMap"]["data"]
     # The pod loads the ConfigMap with envFrom: read it from the environment exactly as the extender does.
@@ -618,7 +620,9 @@ def test_the_pools_sharing_reaches_the_extender_as_the_pod_reads_it(tmp_path, mo
     # Without any sharing the setting is left out, and the extender's default (nothing shared) applies.
     for spec in tenants.values():
         spec.pop("sharing", None)
-    data = render_extender(tmp_path / "none", "inventories/lab", {"gpufleet_tenants": tenants})["ConfigMap"]["data"]
+    data = render_extender(tmp_path / "none", "inventories/hongkong+lab", {"gpufleet_tenants": tenants})["ConfigMap"][
+        "data"
+    ]
     assert "SHARED_RESOURCES" not in data and "INTERFERENCE_WEIGHT" not in data
 
 
@@ -665,7 +669,7 @@ def test_lab_queries_prometheus_over_https_with_a_pinned_ca_and_its_own_token(la
     assert volumes["prometheus-ca"]["configMap"]["name"] == "kube-root-ca.crt"
     assert volumes["prometheus-ca"]["configMap"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
     assert volumes["prometheus-token"]["secret"]["secretName"] == "gpufleet-extender-prometheus"
-    assert volumes["prometheus-token"]["secret"]["items"] == [{"key": "token", "path": "token"}]
+    assert volumes["prometheus-token"]["secret"]["items"] == [{"key": "prometheusAuthToken", "path": "token"}]
     assert "Secret" not in lab  # the token is never rendered to a file
 
 
@@ -694,5 +698,5 @@ def test_the_http_opt_out_sends_the_token_but_pins_no_ca(tmp_path):
 def test_the_extender_reads_the_recorded_form_unless_the_inventory_turns_the_rules_off(lab, tmp_path):
     # gpufleet_metrics_recording_rules (true): the dcgm_exporter role delivers the rules, the extender reads them.
     assert lab["ConfigMap"]["data"]["PROMETHEUS_QUERY"] == "recorded"
-    raw = render_extender(tmp_path, "inventories/lab", {"gpufleet_metrics_recording_rules": False})
+    raw = render_extender(tmp_path, "inventories/hongkong+lab", {"gpufleet_metrics_recording_rules": False})
     assert raw["ConfigMap"]["data"]["PROMETHEUS_QUERY"] == "raw"

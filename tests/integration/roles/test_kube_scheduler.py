@@ -26,14 +26,24 @@ from conftest import (
     closed_port_kubeconfig,
     free_port,
     load_manifests,
-    render_roles,
     run_playbook,
     validate_manifests,
     write_inventory,
 )
+from conftest import render_roles as render_inventory
 from pydantic import BaseModel, ConfigDict, Field
+from support import LAB
 
 ROLE = "gpufleet.mig.kube_scheduler"
+
+
+def render_roles(roles, tmp_path, inventory=LAB, extra_vars=None):
+    """Render on the lab; on the lab the scheduler in plugin mode unless the test names another mode (Hong Kong
+    itself deploys static_pod: test_hongkong_static_pod_mode_* and the lab's own run cover that)."""
+    mode = {"kube_scheduler_mode": "plugin"} if inventory == LAB else {}
+    return render_inventory(roles, tmp_path, inventory, {**mode, **(extra_vars or {})})
+
+
 KUBEADM_MANIFEST = REPO / "extensions/molecule/kube_scheduler_static_pod/files/kube-scheduler.yaml"
 FAKE_LIVEZ = REPO / "extensions/molecule/kube_scheduler_static_pod/files/fake-kube-scheduler-livez.py"
 CLUSTER_IP = "10.96.0.50"
@@ -169,7 +179,7 @@ def render_static_pod(tmp_path: Path, inventory: str, extra_vars: dict | None = 
     return run_playbook(str(playbook), inventory, all_vars, tmp_path)
 
 
-def render_failure(tmp_path: Path, extra_vars: dict, inventory: str = "inventories/lab") -> str:
+def render_failure(tmp_path: Path, extra_vars: dict, inventory: str = LAB) -> str:
     """Render the secondary mode expecting the play to fail; return its output."""
     playbook = tmp_path / "render.yml"
     playbook.write_text(yaml.safe_dump([{"name": "r", "hosts": "localhost", "gather_facts": False, "roles": [ROLE]}]))
@@ -280,7 +290,7 @@ GPUSCORE_POINTS = ["preFilter", "filter", "preScore", "score", "reserve"]
 
 
 def test_lab_renders_the_plugin_scheduler_with_the_extenders_settings(tmp_path):
-    manifests = render_roles([ROLE], tmp_path)  # the lab's kube_scheduler_mode is plugin
+    manifests = render_roles([ROLE], tmp_path)  # plugin mode (render_roles above)
     assert validate_manifests(manifests) == 10
     config = scheduler_config(manifests)
     assert "extenders" not in config  # no HTTP hop per pod
@@ -452,7 +462,7 @@ def test_plugin_queries_prometheus_over_https_with_a_pinned_ca_and_its_own_token
     assert volumes["prometheus-token"]["secret"] == {
         "secretName": "gpufleet-scheduler-prometheus",
         "defaultMode": 0o440,
-        "items": [{"key": "token", "path": "token"}],
+        "items": [{"key": "prometheusAuthToken", "path": "token"}],
     }
     # The token's group owns the mounted Secret: the non-root user can read it.
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"] == 65532
@@ -664,8 +674,11 @@ def test_gpu_nodes_without_layouts_are_named(tmp_path):
 def test_an_invalid_layout_fails_with_the_layout_filters_message(tmp_path):
     layout = [{"devices": "all", "mig_enabled": True, "mig_devices": {"3g.40gb": 3}}]  # 12 slices > 8
     output = render_failure(tmp_path, {}, inventory=pools_inventory(tmp_path, {"bad": (layout, 8)}))
-    assert "(item=bad-1)" in output
-    assert "invalid MIG layout" in output and "3g.40gb" in output
+    # One line naming the host and the variable, judged against the host's product (the default H100 80GB).
+    assert (
+        "host bad-1: mig_partition_config: config[0]: GPU 0 (NVIDIA H100 80GB HBM3): 3 x 3g.40gb requested"
+        in " ".join(output.split())
+    )
 
 
 # --- apply mode ------------------------------------------------------------------------------------------------------
@@ -687,7 +700,7 @@ def test_secondary_apply_mode_reaches_the_api_server(tmp_path):
         "gpufleet_manifests_dir": str(tmp_path / "unused"),
         "kube_scheduler_mode": "secondary",
     }
-    result = run_playbook(str(playbook), "inventories/lab", extra, tmp_path)
+    result = run_playbook(str(playbook), LAB, extra, tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "TASK [gpufleet.mig.k8s_manifests : Apply the objects with server-side apply" in output

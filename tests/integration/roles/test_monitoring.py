@@ -26,10 +26,11 @@ def test_lab_renders_the_rules_and_the_fleets_dashboard_as_objects_and_as_plain_
     assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["namespace"] == "gpufleet-system"
     assert rule["spec"] == RULES  # the annotations' {{ $labels... }} reach Prometheus untouched by Jinja
 
-    config_map = objects[("ConfigMap", "gpufleet-dashboard-lab")]
+    # The fleet's name is its inventory directory's: the lab runs Hong Kong's inventory as it is.
+    config_map = objects[("ConfigMap", "gpufleet-dashboard-hongkong")]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
-    dashboard = json.loads(config_map["data"]["gpufleet-lab.json"])
-    assert (dashboard["title"], dashboard["uid"]) == ("gpufleet - lab", "gpufleet-lab")
+    dashboard = json.loads(config_map["data"]["gpufleet-hongkong.json"])
+    assert (dashboard["title"], dashboard["uid"]) == ("gpufleet - hongkong", "gpufleet-hongkong")
     assert dashboard["panels"] == DASHBOARD["panels"] and dashboard["templating"] == DASHBOARD["templating"]
 
     plain = tmp_path / "monitoring"  # beside the manifests directory, where kubectl apply -R never reads

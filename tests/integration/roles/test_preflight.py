@@ -135,7 +135,7 @@ def test_the_lab_refuses_one_host_and_site_yml_stops_before_configuring_anything
     (lab / "nvml" / "hk-gpu-17.json").write_text(json.dumps({**new_state(gpus=8), "driver_version": "470.82.01"}))
     result = run_playbook(
         "playbooks/site.yml",
-        "inventories/lab",
+        "inventories/hongkong+lab",
         {"gpufleet_lab_dir": str(lab)},
         tmp_path,
         ("--limit", "hk-gpu-01,hk-gpu-17"),

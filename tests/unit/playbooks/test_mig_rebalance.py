@@ -57,12 +57,12 @@ def test_rebalance_check_apply_rerun(tmp_path):
     }
     states = {h: (lab / "nvml" / f"{h}.json").read_text() for h in POOL}
     with FakeKubelet(tmp_path / "kubelet.sock", kubelet):
-        check = run_playbook("playbooks/mig-rebalance.yml", "inventories/lab", extra, tmp_path, ("--check",))
+        check = run_playbook("playbooks/mig-rebalance.yml", "inventories/hongkong+lab", extra, tmp_path, ("--check",))
         assert check.returncode == 0, check.stdout[-4000:]
         assert "pool: serves 18 of 18 demanded compute slices" in check.stdout
         assert {h: (lab / "nvml" / f"{h}.json").read_text() for h in POOL} == states  # check mode wrote nothing
 
-        applied = run_playbook("playbooks/mig-rebalance.yml", "inventories/lab", extra, tmp_path)
+        applied = run_playbook("playbooks/mig-rebalance.yml", "inventories/hongkong+lab", extra, tmp_path)
         assert applied.returncode == 0, applied.stdout[-4000:]
         after = {h: SimulatedNvml(str(lab / "nvml" / f"{h}.json")) for h in POOL}
         assert set(held) <= set(uuids(after["hk-gpu-17"]))  # every allocated MIG device survived
@@ -75,7 +75,7 @@ def test_rebalance_check_apply_rerun(tmp_path):
         ]
         assert boot and all(b["force"] is False for b in boot)
 
-        rerun = run_playbook("playbooks/mig-rebalance.yml", "inventories/lab", extra, tmp_path)
+        rerun = run_playbook("playbooks/mig-rebalance.yml", "inventories/hongkong+lab", extra, tmp_path)
     assert rerun.returncode == 0, rerun.stdout[-4000:]
     assert "destroy 0, create 0" in rerun.stdout
     recap = re.findall(r"(hk-gpu-\d+)\s*:\s*ok=\d+\s+changed=(\d+)", rerun.stdout)
@@ -84,7 +84,7 @@ def test_rebalance_check_apply_rerun(tmp_path):
 
 def test_pool_must_be_named(tmp_path):
     result = run_playbook(
-        "playbooks/mig-rebalance.yml", "inventories/lab", {"mig_rebalance_pool": "tenant_nope"}, tmp_path
+        "playbooks/mig-rebalance.yml", "inventories/hongkong+lab", {"mig_rebalance_pool": "tenant_nope"}, tmp_path
     )
     assert result.returncode != 0
     assert "Name the pool with -e mig_rebalance_pool=<inventory group> (got tenant_nope" in " ".join(
@@ -119,7 +119,7 @@ def test_check_mode_adds_recent_usage_from_prometheus(tmp_path):
         wait_for("one busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-17", "1g.10gb") == 1)
         check = run_playbook(
             "playbooks/mig-rebalance.yml",
-            "inventories/lab",
+            "inventories/hongkong+lab",
             dict(extra, mig_rebalance_prometheus_url=url),
             tmp_path,
             ("--check",),
@@ -129,7 +129,7 @@ def test_check_mode_adds_recent_usage_from_prometheus(tmp_path):
     assert "pool: serves 6 of 6 demanded compute slices" in check.stdout
     down = run_playbook(
         "playbooks/mig-rebalance.yml",
-        "inventories/lab",
+        "inventories/hongkong+lab",
         dict(extra, mig_rebalance_prometheus_url=f"http://127.0.0.1:{free_port()}"),
         tmp_path,
         ("--check",),

@@ -30,6 +30,7 @@ import yaml
 
 from gpufleet_extender.mig_utils import names
 from gpufleet_extender.mig_utils.exceptions import MigError
+from gpufleet_extender.mig_utils.host_gpus import host_gpus
 from gpufleet_extender.mig_utils.layout import memory_gb, node_layout, product_or_default
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE
 from gpufleet_extender.simulate.errors import SimulationError
@@ -210,11 +211,15 @@ def fleet_from_inventory_data(data: Mapping[str, Any], source: str = "") -> Flee
             sharing.update(parse_sharing(str(tenant), (spec or {}).get("sharing"), f"gpufleet_tenants.{tenant}"))
         if "mig_partition_config" not in hv:
             continue  # not a GPU node (control plane)
-        gpu_count = _gpu_count(hv.get("gpufleet_gpus_per_node", 8), host)
-        product = hv.get("gpufleet_gpu_product")
-        gpus = node_gpus(hv["mig_partition_config"], gpu_count, product, host)
-        name = str(hv.get("gpufleet_node_name") or host)
-        nodes.append(Node(name, hv.get("gpufleet_tenant"), gpu_devices(gpus, product), gpus, product))
+        # The collection's one reader of a host's GPU facts (node name, product, GPU count, layout), as the roles.
+        try:
+            facts = host_gpus(host, hv)
+        except MigError as exc:
+            raise FleetError(exc.message) from None
+        gpus = tuple(None if counts is None else tuple(sorted(counts.items())) for counts in facts.layout)
+        nodes.append(
+            Node(facts.node_name, hv.get("gpufleet_tenant"), gpu_devices(gpus, facts.product), gpus, facts.product)
+        )
     if not nodes:
         raise FleetError(f"{source or 'inventory'}: no host has a mig_partition_config (no GPU nodes to simulate)")
     return Fleet(tuple(nodes), namespace_tenants, source=source, sharing=sharing)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.mig.plugins.filter.tenants_model import (
     dra_device_class,
     tenants_model,
@@ -124,17 +123,44 @@ def test_gpu_nodes_need_a_layout_and_a_gpu_count_and_claims_need_a_pool():
     assert errors == [
         "host stray has gpufleet_tenant=nlp but is in no tenant group (tenant nlp uses group tenant_nlp)",
         "host bare has gpufleet_tenant=gone but is in no tenant group (and gpufleet_tenants has no tenant gone)",
-        "host bare needs mig_partition_config and gpufleet_gpus_per_node to size its pool",
+        "host bare: gpufleet_gpus_per_node is not set (how many GPUs the host has)",
     ]
     assert tenants_model(hostvars, groups, {})["errors"][0].startswith("gpufleet_tenants must be a non-empty mapping")
 
 
-def test_an_impossible_layout_fails_with_the_layout_message():
+def test_an_impossible_layout_is_one_error_naming_the_host_and_the_variable():
     hostvars, groups = inventory(
         {"nlp": ["n1"]}, layout=[{"devices": "all", "mig_enabled": True, "mig_devices": {"7g.80gb": 2}}]
     )
-    with pytest.raises(AnsibleFilterError, match="at most 1 fit on one GPU"):
-        tenants_model(hostvars, groups, {"nlp": tenant("nlp", "a")})
+    errors = tenants_model(hostvars, groups, {"nlp": tenant("nlp", "a")})["errors"]
+    assert len(errors) == 1 and errors[0].startswith("host n1: mig_partition_config: config[0]: GPU 0")
+    assert errors[0].endswith("at most 1 fit on one GPU")
+
+
+def test_a_layout_is_judged_against_the_hosts_own_product():
+    h200 = [{"devices": "all", "mig_enabled": True, "mig_devices": {"3g.71gb": 2}}]
+    hostvars, groups = inventory({"nlp": ["n1"]}, layout=h200)
+    errors = tenants_model(hostvars, groups, {"nlp": tenant("nlp", "a")})["errors"]
+    assert len(errors) == 1
+    assert errors[0].startswith(
+        "host n1: mig_partition_config: config[0]: GPU 0 (NVIDIA H100 80GB HBM3): unknown MIG profile(s) 3g.71gb"
+    )
+    hostvars["n1"]["gpufleet_gpu_product"] = "NVIDIA H200"
+    model = tenants_model(hostvars, groups, {"nlp": tenant("nlp", "a")})
+    assert model["errors"] == [] and model["tenants"]["nlp"]["capacity"]["nvidia.com/mig-3g.71gb"] == 2 * 8
+
+
+def test_node_names_come_from_gpufleet_node_name_and_reserved_namespaces_are_refused():
+    hostvars, groups = inventory({"nlp": ["n1"]})
+    hostvars["n1"]["gpufleet_node_name"] = "node-1.example.internal"
+    tenants = {"nlp": tenant("nlp", "a", "kube-system", "gpufleet-system")}
+    model = tenants_model(hostvars, groups, tenants, reserved_namespaces=["gpufleet-system"])
+    assert model["nodes"] == {"node-1.example.internal": "nlp"}
+    assert model["tenants"]["nlp"]["node_names"] == ["node-1.example.internal"]
+    assert [e.split(" (")[0] for e in model["errors"]] == [
+        "tenant nlp: namespace kube-system is reserved",
+        "tenant nlp: namespace gpufleet-system is reserved",
+    ]
 
 
 # --- time-slicing (a pool's `sharing`) -----------------------------------------------------------------------------
