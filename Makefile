@@ -117,10 +117,11 @@ lab-reset:
 # The steps run in three lanes side by side (tools/run_steps.py: a line as each step ends, logs in build/steps/,
 # a timing table at the end): the control plane's Go build and the tests against it; the container images, molecule
 # and sanity; the Python checks. One after the other they took longer than CI allows on two cores.
-# `make test WITH_LAB=1` (what .ci/run does) runs `make lab` at the end of the first lane too.
+# `make test WITH_LAB=1` (what .ci/run does) runs `make lab` at the end of the second lane too
+# (the first, the control plane's build and the tests against it, is the longest).
 comma := ,
-TEST_LANES = $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets$(comma))go-test,integration$(if $(WITH_LAB),$(comma)lab) \
-	molecule-images,molecule,sanity,pytest-extender \
+TEST_LANES = $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets$(comma))go-test,integration \
+	molecule-images,molecule,sanity,pytest-extender$(if $(WITH_LAB),$(comma)lab) \
 	lint,typecheck,build,pytest-unit,bench-mig,pytest-roles
 test: venv collection-link system-deps
 	python tools/run_steps.py $(TEST_LANES)

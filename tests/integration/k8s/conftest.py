@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "extender" / "tests"))  # exposition.py: dcgm-expo
 
 from controlplane import ControlPlane, assets_dir, missing_assets  # noqa: E402
 from scheduling import BindingWatch, node_status, register_node  # noqa: E402
-from support import collections_path  # noqa: E402
+from support import collections_path, try_render  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -211,6 +211,25 @@ def lab_node_resources(hostvars: dict) -> dict[str, str]:
         hostvars["mig_partition_config"], hostvars["gpufleet_gpus_per_node"], replicas=replicas
     )
     return {name: str(count) for name, count in resources.items()}
+
+
+def lab_gpu_hosts() -> dict[str, dict]:
+    """The lab's GPU hosts (those with a MIG layout) and their variables."""
+    return {host: vars_ for host, vars_ in lab_hostvars().items() if "mig_partition_config" in vars_}
+
+
+def register_lab_gpu_nodes(core: k8s.CoreV1Api) -> FakeKubelet:
+    """The lab's GPU nodes registered with the allocatable their layouts imply (stop the kubelet when done)."""
+    hosts = lab_gpu_hosts()
+    return FakeKubelet(core, {host: lab_node_resources(vars_) for host, vars_ in hosts.items()}).register()
+
+
+def apply_tenants_role(control_plane, workdir: Path) -> None:
+    """The tenants role applied to the control plane for the lab's pools (namespaces, quotas, policies, RBAC, node
+    labels and taints)."""
+    extra = {"gpufleet_k8s_mode": "apply", "gpufleet_kubeconfig": str(control_plane.kubeconfig)}
+    result, _ = try_render(["gpufleet.mig.tenants"], workdir, extra_vars=extra)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
 
 
 def kubeconfig_for_token(control_plane, token: str, path: Path) -> Path:

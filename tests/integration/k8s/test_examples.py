@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FakeKubelet, lab_hostvars, lab_node_resources, wait_for
+from conftest import apply_tenants_role, lab_gpu_hosts, register_lab_gpu_nodes, wait_for
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
-from support import REPO, try_render
+from support import REPO
 from test_scheduler_plugin import SCHEDULER, FakePrometheus, _plugin_scheduler
 
 pytestmark = pytest.mark.integration
@@ -49,14 +49,10 @@ def tenant_of(doc: dict) -> str:
 def pools(control_plane, core, tmp_path_factory):
     """The lab's GPU nodes registered with the allocatable their layouts imply, the tenants role applied: each
     tenant's pool nodes."""
-    hostvars = lab_hostvars()
-    gpu_hosts = {host: vars_ for host, vars_ in hostvars.items() if "mig_partition_config" in vars_}
-    kubelet = FakeKubelet(core, {host: lab_node_resources(vars_) for host, vars_ in gpu_hosts.items()}).register()
-    extra = {"gpufleet_k8s_mode": "apply", "gpufleet_kubeconfig": str(control_plane.kubeconfig)}
-    result, _ = try_render(["gpufleet.mig.tenants"], tmp_path_factory.mktemp("tenants"), extra_vars=extra)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    kubelet = register_lab_gpu_nodes(core)
+    apply_tenants_role(control_plane, tmp_path_factory.mktemp("tenants"))
     members: dict[str, set[str]] = {}
-    for host, vars_ in gpu_hosts.items():
+    for host, vars_ in lab_gpu_hosts().items():
         members.setdefault(vars_["gpufleet_tenant"], set()).add(host)
     wait_for(
         lambda: all(q.status and q.status.hard for q in core.list_resource_quota_for_all_namespaces().items),
@@ -100,18 +96,24 @@ def as_pod(doc: dict, name: str) -> dict:
     }
 
 
+def tenant_of_namespace(namespace: str) -> str:
+    """The tenant whose namespaces (gpufleet_tenants) hold `namespace`."""
+    tenants = next(iter(lab_gpu_hosts().values()))["gpufleet_tenants"]
+    return next(tenant for tenant, spec in tenants.items() if namespace in spec["namespaces"])
+
+
 @pytest.mark.parametrize("form", ["device-plugin", "dra"])
 def test_every_example_is_admitted_as_its_tenant_with_pods_within_quota(pools, tenant_api, form):
-    files = sorted((EXAMPLES / form).glob("*.yaml"))
-    assert len(files) == 3, files
-    for path in files:
-        docs = documents(path)
-        tenant = tenant_of(next(d for d in docs if d["kind"] in WORKLOAD_KINDS))
-        assert tenant in pools, (path.name, tenant)
-        for doc in docs:
-            create(tenant_api(tenant), doc, dry_run=True)
-            if doc["kind"] in WORKLOAD_KINDS:
-                create(tenant_api(tenant), as_pod(doc, f"{doc['metadata']['name']}-probe"), dry_run=True)
+    docs = [doc for path in sorted((EXAMPLES / form).glob("*.yaml")) for doc in documents(path)]
+    workloads = [doc for doc in docs if doc["kind"] in WORKLOAD_KINDS]
+    assert sorted(tenant_of(doc) for doc in workloads) == ["finnlp", "imagegen", "llm"], form
+    for doc in docs:  # a tenant's own objects first (the claim template), as kubectl applies them in file order
+        tenant = tenant_of_namespace(doc["metadata"]["namespace"])
+        assert tenant in pools, (doc["metadata"], tenant)
+        create(tenant_api(tenant), doc, dry_run=True)
+        if doc["kind"] in WORKLOAD_KINDS:
+            assert tenant_of(doc) == tenant, doc["metadata"]
+            create(tenant_api(tenant), as_pod(doc, f"{doc['metadata']['name']}-probe"), dry_run=True)
 
 
 def test_a_pod_for_a_resource_its_pool_lacks_is_refused_naming_the_pools_resources(pools, tenant_api):

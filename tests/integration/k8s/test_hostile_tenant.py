@@ -20,11 +20,10 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from conftest import FakeKubelet, lab_hostvars, lab_node_resources, wait_for
+from conftest import apply_tenants_role, register_lab_gpu_nodes, wait_for
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
-from support import try_render
 
 pytestmark = pytest.mark.integration
 
@@ -52,12 +51,8 @@ class Tenant:
 @pytest.fixture(scope="module")
 def tenants_applied(control_plane, core, tmp_path_factory):
     """The lab's 20 GPU nodes registered, then the tenants role applied to them."""
-    hostvars = lab_hostvars()
-    gpu_hosts = {host: vars_ for host, vars_ in hostvars.items() if "mig_partition_config" in vars_}
-    kubelet = FakeKubelet(core, {host: lab_node_resources(vars_) for host, vars_ in gpu_hosts.items()}).register()
-    extra = {"gpufleet_k8s_mode": "apply", "gpufleet_kubeconfig": str(control_plane.kubeconfig)}
-    result, _ = try_render(["gpufleet.mig.tenants"], tmp_path_factory.mktemp("tenants"), extra_vars=extra)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    kubelet = register_lab_gpu_nodes(core)
+    apply_tenants_role(control_plane, tmp_path_factory.mktemp("tenants"))
     yield
     kubelet.stop()
 

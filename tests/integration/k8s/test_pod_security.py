@@ -21,7 +21,9 @@ ROLES = [
     "gpufleet.mig.gpu_device_plugin",
     "gpufleet.mig.dcgm_exporter",
     "gpufleet.mig.gpu_extender",
-    "gpufleet.mig.kube_scheduler",
+    # Hong Kong patches static pods on its control-plane hosts; the Deployment of a plugin-mode fleet is what
+    # the apiserver here can check.
+    {"role": "gpufleet.mig.kube_scheduler", "kube_scheduler_mode": "plugin"},
     "gpufleet.mig.descheduler",
 ]
 NODE_AGENTS = {"nvidia-device-plugin", "gpu-feature-discovery", "dcgm-exporter"}

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import FakeKubelet, ensure_namespace, lab_hostvars, lab_node_resources, wait_for
+from conftest import FakeKubelet, ensure_namespace, lab_gpu_hosts, register_lab_gpu_nodes, wait_for
 from controlplane import serving_files
 from kubernetes import client as k8s
 from kubernetes import dynamic
@@ -25,10 +25,8 @@ pytestmark = pytest.mark.integration
 def lab_nodes(core):
     """The lab's 20 GPU nodes, registered with the allocatable their layouts imply (the device plugin's
     after-repartition check then finds them right at once)."""
-    hostvars = lab_hostvars()
-    gpu_hosts = {host: vars_ for host, vars_ in hostvars.items() if "mig_partition_config" in vars_}
-    kubelet = FakeKubelet(core, {host: lab_node_resources(vars_) for host, vars_ in gpu_hosts.items()}).register()
-    yield {host: vars_.get("gpufleet_tenant") for host, vars_ in gpu_hosts.items()}
+    kubelet = register_lab_gpu_nodes(core)
+    yield {host: vars_.get("gpufleet_tenant") for host, vars_ in lab_gpu_hosts().items()}
     kubelet.stop()
 
 
@@ -199,7 +197,11 @@ def running_fleet(control_plane, core, lab_nodes, tmp_path_factory):
     others = ("hk-cp-01", "hk-cp-02")
     hostnames = {name: {"kubernetes.io/hostname": name} for name in others}
     kubelet = FakeKubelet(core, {name: {} for name in others}, labels=hostnames).register()
-    kubelet.allocatable.update({host: {} for host in lab_nodes})  # ours too: run and finish their pods
+    # Play every node's kubelet (run and finish their pods): the lab's, and those other tests of the session left
+    # behind, where the default scheduler may put the fleet's own pods too.
+    kubelet.allocatable.update(
+        {node.metadata.name: {} for node in core.list_node().items if node.metadata.name not in others}
+    )
     kubelet.start()
     default = control_plane.start_scheduler(name="default-scheduler-verify")
     prometheus = FakePrometheus(workdir)

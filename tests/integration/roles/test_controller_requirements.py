@@ -25,7 +25,9 @@ def test_a_controller_without_the_extender_package_is_told_what_to_install(tmp_p
     # A Python that cannot import gpufleet_extender: no site-packages (-S), no PYTHONPATH (-I).
     python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "$@"\n')
     python.chmod(0o755)
-    result, manifests = try_render([role], tmp_path, extra_vars={python_variable: str(python)})
+    # kube_scheduler checks GPUScore's args in plugin mode (Hong Kong's static_pod mode runs on its control plane).
+    mode = {"kube_scheduler_mode": "plugin"} if role == "kube_scheduler" else {}
+    result, manifests = try_render([role], tmp_path, extra_vars={python_variable: str(python), **mode})
     assert result.returncode != 0
     output = " ".join(result.stdout.split())
     assert refusal in output and "No module named gpufleet_extender" in output, output[-3000:]

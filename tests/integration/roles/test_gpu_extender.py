@@ -402,7 +402,10 @@ def rendered_secret(manifests) -> dict[str, bytes]:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # it holds tls.key
     (secret,) = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
     assert (secret["kind"], secret["type"]) == ("Secret", "kubernetes.io/tls")
-    assert secret["metadata"]["annotations"] == {"gpufleet.io/tls-source": "self-signed"}
+    assert secret["metadata"]["annotations"] == {
+        "gpufleet.io/tls-source": "self-signed",
+        "gpufleet.io/manifest": "gpu_extender/tls-secret",  # the set that delivered it (uninstall)
+    }
     return {key: base64.b64decode(value) for key, value in secret["data"].items()}
 
 

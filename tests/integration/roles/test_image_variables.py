@@ -46,8 +46,10 @@ def test_every_image_role_declares_image_digest_and_pull_secrets(role):
 def test_pull_secrets_land_on_every_pod_of_every_image_role_and_only_when_set(tmp_path):
     roles = [f"gpufleet.mig.{role}" for role in sorted(IMAGE_ROLES)]
     secrets = {f"{role}_image_pull_secrets": [f"{role.replace('_', '-')}-pull", "shared-pull"] for role in IMAGE_ROLES}
-    with_secrets = render_roles(roles, tmp_path / "with", extra_vars=secrets)
-    without = render_roles(roles, tmp_path / "without")
+    # plugin mode: the scheduler Deployment with gpufleet-scheduler (a static pod takes no pull Secret, below).
+    plugin = {"kube_scheduler_mode": "plugin"}
+    with_secrets = render_roles(roles, tmp_path / "with", extra_vars={**secrets, **plugin})
+    without = render_roles(roles, tmp_path / "without", extra_vars=plugin)
     for role in IMAGE_ROLES:
         pods = _pod_specs(with_secrets, role)
         assert pods, f"{role} rendered no pod"
