@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 
-.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-extender mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
+.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-controller pytest-extender mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on a simulated fleet: INVENTORY=<dir>, Hong Kong's by default"
@@ -121,7 +121,7 @@ lab-reset:
 # (the first, the control plane's build and the tests against it, is the longest).
 comma := ,
 TEST_LANES = $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets$(comma))go-test,integration \
-	molecule-images,molecule,sanity,pytest-extender$(if $(WITH_LAB),$(comma)lab) \
+	molecule-images,molecule,sanity,pytest-extender,pytest-controller$(if $(WITH_LAB),$(comma)lab) \
 	lint,typecheck,build,pytest-unit,bench-mig,pytest-roles
 test: venv collection-link system-deps
 	python tools/run_steps.py $(TEST_LANES)
@@ -158,7 +158,11 @@ pytest-unit: venv collection-link system-deps
 	pytest tests -m "not integration" --ignore=tests/integration/roles
 
 pytest-roles: venv collection-link system-deps
-	pytest tests/integration/roles -m "not integration"
+	pytest tests/integration/roles -m "not integration and not controller"
+
+# A controller prepared from requirements.txt and the collection's artifact alone runs site.yml on the lab (minutes).
+pytest-controller: venv collection-link system-deps
+	pytest tests/integration/roles -m controller
 
 pytest-extender: venv system-deps
 	cd extender && GPUFLEET_REQUIRE_PROMETHEUS=1 pytest

@@ -3,7 +3,7 @@ collection installed from its artifact (its Galaxy dependencies beside it) and t
 installed collection. It runs playbooks/site.yml of the installed collection on the Hong Kong inventory with the
 lab's overrides, in render mode.
 
-Minutes (a venv from pip's cache, then the whole site.yml), so it runs with the suite's integration step."""
+Minutes (a venv from pip's cache, then the whole site.yml): a step of its own, `make pytest-controller`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.controller
 
 BIN = Path(sys.executable).parent
 
