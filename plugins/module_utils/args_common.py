@@ -7,6 +7,7 @@ from typing import Any
 
 _NVML_BACKEND_ARGS = {
     "nvml_sim_state": {"type": "path", "required": False},
+    "nvml_sim_on_gpu_host": {"type": "bool", "default": False},
 }
 
 

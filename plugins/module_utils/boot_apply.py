@@ -46,7 +46,10 @@ def load_request(path: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpufleet-mig-boot-apply", description="Re-apply the MIG layout at boot.")
     parser.add_argument("--config", required=True, help='JSON file: {"config": [...], "force": false, "reset": true}')
-    parser.add_argument("--nvml-sim-state", help="NVML simulator state file (else $GPUFLEET_NVML_SIM, else NVML)")
+    parser.add_argument("--nvml-sim-state", help="NVML simulator state file (else the real GPUs through NVML)")
+    parser.add_argument(
+        "--nvml-sim-on-gpu-host", action="store_true", help="allow the simulator on a host with an NVIDIA driver loaded"
+    )
     args = parser.parse_args(argv)
 
     # A command-line entry point (the boot unit), not module code: stdout goes to the journal.
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     nvml = None
     try:
         request = load_request(args.config)
-        nvml = open_nvml(args.nvml_sim_state)
+        nvml = open_nvml(args.nvml_sim_state, sim_on_gpu_host=args.nvml_sim_on_gpu_host)
         result = apply(
             nvml,
             request["config"],

@@ -116,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--textfile", required=True, help="the .prom file node-exporter's textfile collector reads")
     parser.add_argument("--node", required=True, help="the node's name in Kubernetes")
     parser.add_argument("--pool", default="", help="the node's tenant pool")
-    parser.add_argument("--nvml-sim-state", help="NVML simulator state file (else $GPUFLEET_NVML_SIM, else NVML)")
+    parser.add_argument("--nvml-sim-state", help="NVML simulator state file (else the real GPUs through NVML)")
+    parser.add_argument(
+        "--nvml-sim-on-gpu-host", action="store_true", help="allow the simulator on a host with an NVIDIA driver loaded"
+    )
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.textfile))):
         sys.stderr.write(f"gpufleet-mig-layout-check: the directory of {args.textfile} does not exist\n")
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     nvml = None
     try:
         request = load_request(args.config)
-        nvml = open_nvml(args.nvml_sim_state)
+        nvml = open_nvml(args.nvml_sim_state, sim_on_gpu_host=args.nvml_sim_on_gpu_host)
         gpus = check(nvml, request["config"])
     except MigError as exc:
         sys.stderr.write(f"gpufleet-mig-layout-check: {exc.message}\n")

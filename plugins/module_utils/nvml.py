@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from .exceptions import NvmlError, NvmlUnavailableError
 
-SIM_ENV = "GPUFLEET_NVML_SIM"  # names a simulator state file; read by nvml_backend.open_nvml
+SIM_ENV = "GPUFLEET_NVML_SIM"  # no longer selects the simulator: nvml_backend warns when it is set and ignored
 
 # nvmlReturn_t values (nvml.h), shared by the real wrapper and the simulator so messages read the same.
 SUCCESS = 0
@@ -179,7 +179,7 @@ class PynvmlBackend:
             except ImportError as exc:
                 raise NvmlUnavailableError(
                     f"nvidia-ml-py (pynvml) is not installed for this Python ({exc}); install it, or set "
-                    f"{SIM_ENV} / nvml_sim_state to use the simulator"
+                    "nvml_sim_state to use the simulator"
                 ) from None
             lib = pynvml
         self._lib = lib

@@ -129,7 +129,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.mig.plugins.module_utils.args_common import nvml_backend_args
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError
 from ansible_collections.gpufleet.mig.plugins.module_utils.gpu_info import collect
-from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import open_nvml
+from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import ignored_environment, open_nvml
 
 
 def argument_spec() -> dict:
@@ -140,7 +140,10 @@ def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     nvml = None
     try:
-        nvml = open_nvml(module.params["nvml_sim_state"])
+        warning = ignored_environment(module.params["nvml_sim_state"])
+        if warning:
+            module.warn(warning)
+        nvml = open_nvml(module.params["nvml_sim_state"], sim_on_gpu_host=module.params["nvml_sim_on_gpu_host"])
         gpus = collect(nvml)
     except MigError as exc:
         module.fail_json(msg=exc.message)

@@ -245,7 +245,7 @@ import json
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.mig.plugins.module_utils.args_common import nvml_backend_args
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError, SpecError
-from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import open_nvml
+from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import ignored_environment, open_nvml
 from ansible_collections.gpufleet.mig.plugins.module_utils.runner import apply
 from ansible_collections.gpufleet.mig.plugins.module_utils.spec import config_from_mig_parted
 
@@ -330,7 +330,10 @@ def main():
         else:
             # Drop the suboptions Ansible filled with None so the spec sees what the user wrote.
             config = [{k: v for k, v in entry.items() if v is not None} for entry in params["config"]]
-        nvml = open_nvml(params["nvml_sim_state"])
+        warning = ignored_environment(params["nvml_sim_state"])
+        if warning:
+            module.warn(warning)
+        nvml = open_nvml(params["nvml_sim_state"], sim_on_gpu_host=params["nvml_sim_on_gpu_host"])
         result = apply(
             nvml,
             config,

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from _helpers import layout, new_sim
@@ -109,3 +110,20 @@ def test_a_bad_simulator_state_file_is_one_line_not_a_traceback(tmp_path, capsys
     err = capsys.readouterr().err
     assert err.startswith(f"gpufleet-mig-boot-apply: simulator state {path}")
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_boot_unit_refuses_the_simulator_where_an_nvidia_driver_is_loaded(tmp_path, monkeypatch, capsys):
+    from ansible_collections.gpufleet.mig.plugins.module_utils import nvml_backend
+
+    marker = tmp_path / "version"
+    marker.write_text("NVRM version: 570.124.06\n")
+    monkeypatch.setattr(nvml_backend, "DRIVER_MARKERS", (str(marker),))
+    sim = new_sim(tmp_path, gpus=1)
+    before = Path(sim.path).read_text()
+    request = _request(tmp_path, {"config": layout({"1g.20gb": 4})})
+    assert boot_apply.main(["--config", request, "--nvml-sim-state", sim.path]) == boot_apply.EXIT_FAILED
+    assert "refusing the NVML simulator" in capsys.readouterr().err
+    assert Path(sim.path).read_text() == before
+    argv = ["--config", request, "--nvml-sim-state", sim.path, "--nvml-sim-on-gpu-host"]
+    assert boot_apply.main(argv) == 0
+    assert len(SimulatedNvml(sim.path).state["gpus"][0]["gpu_instances"]) == 4

@@ -17,8 +17,7 @@ def test_missing_state_file_is_created_as_eight_h100_with_mig_off(tmp_path, monk
     monkeypatch.delenv("GPUFLEET_NVML_SIM_GPUS", raising=False)
     monkeypatch.delenv("GPUFLEET_NVML_SIM_PRODUCT", raising=False)
     path = tmp_path / "sub" / "state.json"
-    monkeypatch.setenv("GPUFLEET_NVML_SIM", str(path))
-    nvml = open_nvml()
+    nvml = open_nvml(str(path))
     assert isinstance(nvml, SimulatedNvml) and path.exists()
     assert nvml.device_count() == 8
     assert {nvml.identity(i).name for i in range(8)} == {"NVIDIA H100 80GB HBM3"}

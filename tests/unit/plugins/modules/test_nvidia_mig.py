@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from _helpers import layout, new_sim
 from ansible.module_utils.testing import patch_module_args
+from ansible_collections.gpufleet.mig.plugins.module_utils import nvml_backend
 from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml
 from ansible_collections.gpufleet.mig.plugins.modules import nvidia_gpu_info, nvidia_mig
 from conftest import COLLECTIONS_PATH, REPO
@@ -230,19 +231,18 @@ def test_config_and_mig_parted_file_are_mutually_exclusive(sim):
     assert "mutually exclusive" in result["msg"]
 
 
-def test_ansible_cli_end_to_end_with_environment_variable(tmp_path):
+def test_ansible_cli_end_to_end(tmp_path):
     state = tmp_path / "cli.json"
     env = dict(
         os.environ,
         ANSIBLE_COLLECTIONS_PATH=COLLECTIONS_PATH,
-        GPUFLEET_NVML_SIM=str(state),
         GPUFLEET_NVML_SIM_GPUS="1",
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_STDOUT_CALLBACK="json",
         ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
     )
-    args = json.dumps({"config": layout({"1g.10gb+me": 1, "1g.10gb": 6})})
+    args = json.dumps({"config": layout({"1g.10gb+me": 1, "1g.10gb": 6}), "nvml_sim_state": str(state)})
     ansible = Path(sys.executable).with_name("ansible")
     cmd = [
         str(ansible),
@@ -389,3 +389,28 @@ def test_a_gpu_level_error_names_the_config_entry_that_asks_for_it(sim):
     result = mig(sim, config)
     assert result["failed"]
     assert "config[1]: GPU 1 (NVIDIA H100 80GB HBM3): 4 x 2g.20gb requested, at most 3 fit on one GPU" in result["msg"]
+
+
+@pytest.fixture
+def driver_loaded(tmp_path, monkeypatch):
+    """This host as one with the NVIDIA driver loaded: the driver's version file exists."""
+    marker = tmp_path / "proc-driver-nvidia-version"
+    marker.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.124.06\n")
+    monkeypatch.setattr(nvml_backend, "DRIVER_MARKERS", (str(marker),))
+    return marker
+
+
+@pytest.mark.parametrize("module", [nvidia_mig, nvidia_gpu_info], ids=["nvidia_mig", "nvidia_gpu_info"])
+def test_simulator_is_refused_on_a_host_with_an_nvidia_driver(sim, driver_loaded, module):
+    before = Path(sim.path).read_text()
+    args = {"config": IMAGEGEN} if module is nvidia_mig else {}
+    result = run_module(module, dict(args, nvml_sim_state=sim.path))
+    assert result["failed"] and "refusing the NVML simulator" in result["msg"]
+    assert str(driver_loaded) in result["msg"] and "nvml_sim_on_gpu_host" in result["msg"]
+    assert Path(sim.path).read_text() == before
+
+
+def test_simulator_on_a_gpu_host_when_the_task_says_so(sim, driver_loaded):
+    result = run_module(nvidia_mig, {"config": IMAGEGEN, "nvml_sim_state": sim.path, "nvml_sim_on_gpu_host": True})
+    assert not result.get("failed"), result.get("msg")
+    assert result["changed"] and SimulatedNvml(sim.path).gpu_instances(0, [9]) != []

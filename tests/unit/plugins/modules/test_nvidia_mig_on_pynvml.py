@@ -185,3 +185,17 @@ def test_a_busy_whole_gpu_instance_is_not_destroyed_on_the_simulator_path_either
     SimulatedNvml(sim.path).add_process(0, pid=8080, gi_id=0)
     result = run(layout({"3g.40gb": 2}))
     assert result["failed"] and "(GPU instance 0" in result["msg"] and "PIDs 8080" in result["msg"]
+
+
+def test_a_simulator_named_by_the_environment_is_ignored_with_a_warning(host, tmp_path, monkeypatch):
+    stray = tmp_path / "stray" / "sim.json"
+    # Modules record warnings for their result only off the controller; other tests import controller code first.
+    monkeypatch.setattr("ansible.module_utils._internal.is_controller", False)
+    monkeypatch.setenv("GPUFLEET_NVML_SIM", str(stray))
+    result = host.run(nvidia_mig, {"config": layout({"3g.40gb": 2}, devices=[0])})
+    assert not result.get("failed"), result.get("msg")
+    # The real wrapper did the work (the fake pynvml saw the calls), the stray file was never made, the user is told.
+    assert "nvmlDeviceCreateGpuInstanceWithPlacement" in host.fake.calls
+    assert not stray.exists()
+    warnings = json.dumps(result.get("warnings", []))  # ansible-core 2.19 wraps each in a WarningSummary
+    assert "GPUFLEET_NVML_SIM" in warnings and "is set in this host's environment and ignored" in warnings
