@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 
-.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-controller pytest-extender mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
+.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-controller pytest-extender faults mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on a simulated fleet: INVENTORY=<dir>, Hong Kong's by default"
@@ -201,6 +201,10 @@ bench-mig: venv collection-link
 # killed share per file and writes the survivors to build/mutation/survivors.txt. Tens of minutes on two cores, so
 # not part of `make test`; tests/mutation/run_mutation.py --suite extender runs one half, and
 # `make mutation FILE=wire.py` one file with its own tests (minutes; survivors in build/mutation/survivors-wire.txt).
+# The host-side fault suite alone, with its table per fault class (make test runs it within pytest-unit).
+faults: venv collection-link
+	PYTHONPATH=$(CURDIR)/build/collections python tests/faults/host_faults.py
+
 mutation: venv collection-link
 	python tests/mutation/run_mutation.py $(if $(FILE),--file $(FILE))
 

@@ -1,6 +1,7 @@
 """Boot-time re-apply of the declared MIG layout (MIG instances do not survive a reboot).
 
     python3 -m ansible_collections.gpufleet.mig.plugins.module_utils.boot_apply --config FILE [--nvml-sim-state FILE]
+        [--lock-timeout SECONDS]
 
 FILE is JSON: {"config": [...the nvidia_mig module's config...], "force": false, "reset": true}. Progress lines go to
 stdout (journald); on failure one line goes to stderr and the exit status is non-zero:
@@ -16,6 +17,7 @@ import sys
 from typing import Any
 
 from .exceptions import MigError, SpecError
+from .host_lock import lock_path, mig_change_lock
 from .nvml_backend import open_nvml
 from .runner import apply
 
@@ -50,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nvml-sim-on-gpu-host", action="store_true", help="allow the simulator on a host with an NVIDIA driver loaded"
     )
+    parser.add_argument(
+        "--lock-timeout",
+        type=int,
+        default=600,
+        help="seconds to wait while another MIG change (a playbook) holds the host's lock (default 600)",
+    )
     args = parser.parse_args(argv)
 
     # A command-line entry point (the boot unit), not module code: stdout goes to the journal.
@@ -60,26 +68,27 @@ def main(argv: list[str] | None = None) -> int:
     def error(message: str) -> None:
         sys.stderr.write(f"gpufleet-mig-boot-apply: {message}\n")
 
-    nvml = None
     try:
         request = load_request(args.config)
-        nvml = open_nvml(args.nvml_sim_state, sim_on_gpu_host=args.nvml_sim_on_gpu_host)
-        result = apply(
-            nvml,
-            request["config"],
-            force=request.get("force", False),
-            reset=request.get("reset", True),
-            progress=progress,
-        )
+        lock = lock_path(args.nvml_sim_state)
+        with mig_change_lock(lock, "the boot unit (gpufleet-mig-boot-apply)", args.lock_timeout, progress):
+            nvml = open_nvml(args.nvml_sim_state, sim_on_gpu_host=args.nvml_sim_on_gpu_host)
+            try:
+                result = apply(
+                    nvml,
+                    request["config"],
+                    force=request.get("force", False),
+                    reset=request.get("reset", True),
+                    progress=progress,
+                )
+            finally:
+                nvml.close()
     except SpecError as exc:
         error(exc.message)
         return EXIT_BAD_INPUT
     except MigError as exc:
         error(exc.message)
         return EXIT_FAILED
-    finally:
-        if nvml is not None:
-            nvml.close()
     changed = [str(g["index"]) for g in result["gpus"] if g["changed"]]
     progress(f"MIG layout in place on {len(result['gpus'])} GPU(s); changed: {', '.join(changed) or 'none'}")
     if result["reboot_required"]:

@@ -103,6 +103,15 @@ options:
         possible, RV(reboot_required) is returned and those GPUs get their instances on a later run.
     type: bool
     default: true
+  lock_timeout:
+    description:
+      - Seconds to wait while another MIG change holds this host's lock (the boot unit, or another run of this
+        module), before failing with a message naming the holder and changing nothing.
+      - The lock is C(/run/lock/gpufleet-mig.lock), or the simulator state file's path with C(.lock) appended when
+        O(nvml_sim_state) is set. The kernel releases it when its holder ends, however it ends. Check mode does not
+        take it.
+    type: int
+    default: 300
 extends_documentation_fragment:
   - gpufleet.mig.nvml_backend
 attributes:
@@ -115,6 +124,8 @@ attributes:
 seealso:
   - module: gpufleet.mig.nvidia_gpu_info
 notes:
+  - A run killed part-way (or a host that lost power) is completed by the next run or the boot unit; every write is
+    one NVML call, and each run re-reads the GPUs before it plans.
   - MIG instances do not survive a reboot; the C(gpufleet.mig.mig_partition) role installs a boot unit that re-applies
     the layout with the same code.
 """
@@ -241,10 +252,12 @@ changed:
 """
 
 import json
+from contextlib import ExitStack
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.mig.plugins.module_utils.args_common import nvml_backend_args
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError, SpecError
+from ansible_collections.gpufleet.mig.plugins.module_utils.host_lock import lock_path, mig_change_lock
 from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import ignored_environment, open_nvml
 from ansible_collections.gpufleet.mig.plugins.module_utils.runner import apply
 from ansible_collections.gpufleet.mig.plugins.module_utils.spec import config_from_mig_parted
@@ -309,6 +322,7 @@ def argument_spec() -> dict:
         "force": {"type": "bool", "default": False},
         "missing_devices": {"type": "str", "default": "fail", "choices": ["fail", "skip"]},
         "reset": {"type": "bool", "default": True},
+        "lock_timeout": {"type": "int", "default": 300},
     }
     spec.update(nvml_backend_args())
     return spec
@@ -323,7 +337,6 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    nvml = None
     try:
         if params["mig_parted_file"]:
             config = load_mig_parted_file(params["mig_parted_file"], params["mig_parted_config"])
@@ -333,20 +346,22 @@ def main():
         warning = ignored_environment(params["nvml_sim_state"])
         if warning:
             module.warn(warning)
-        nvml = open_nvml(params["nvml_sim_state"], sim_on_gpu_host=params["nvml_sim_on_gpu_host"])
-        result = apply(
-            nvml,
-            config,
-            force=params["force"],
-            reset=params["reset"],
-            check_mode=module.check_mode,
-            missing_devices=params["missing_devices"],
-        )
+        with ExitStack() as stack:
+            if not module.check_mode:
+                lock = lock_path(params["nvml_sim_state"])
+                stack.enter_context(mig_change_lock(lock, "the gpufleet.mig.nvidia_mig module", params["lock_timeout"]))
+            nvml = open_nvml(params["nvml_sim_state"], sim_on_gpu_host=params["nvml_sim_on_gpu_host"])
+            stack.callback(nvml.close)  # NVML's session ends before the lock is released
+            result = apply(
+                nvml,
+                config,
+                force=params["force"],
+                reset=params["reset"],
+                check_mode=module.check_mode,
+                missing_devices=params["missing_devices"],
+            )
     except MigError as exc:
         module.fail_json(msg=exc.message, gpus=exc.results, changed=any(r.get("done") for r in exc.results))
-    finally:
-        if nvml is not None:
-            nvml.close()
     if module._diff:
         result["diff"] = render_diff(result["gpus"])
     module.exit_json(**result)
