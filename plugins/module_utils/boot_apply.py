@@ -55,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lock-timeout",
         type=int,
-        default=600,
-        help="seconds to wait while another MIG change (a playbook) holds the host's lock (default 600)",
+        default=300,
+        help="seconds to wait while another MIG change (a playbook) holds the host's lock (default 300, half the "
+        "unit's start timeout)",
     )
     args = parser.parse_args(argv)
 
