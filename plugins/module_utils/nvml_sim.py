@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import uuid as uuidlib
@@ -189,6 +190,8 @@ class SimulatedNvml:
             if fault["times"] <= 0:
                 self.state["faults"].remove(fault)
             self._save()
+            if fault.get("as") == "kill":  # the process dies before the call, as under SIGKILL or a crash
+                os.kill(os.getpid(), signal.SIGKILL)
             name = fault.get("error", "UNKNOWN")
             if fault.get("as") == "activation_status":
                 return ERROR_CODES[name]
@@ -472,8 +475,17 @@ class SimulatedNvml:
         self._save()
 
     def add_fault(
-        self, call: str, error: str, gpu: int | None = None, skip: int = 0, times: int = 1, as_status: bool = False
+        self,
+        call: str,
+        error: str,
+        gpu: int | None = None,
+        skip: int = 0,
+        times: int = 1,
+        as_status: bool = False,
+        kill: bool = False,
     ) -> None:
+        """Make `call` fail with `error` (after `skip` matching calls, `times` times); `kill`: the calling process is
+        killed with SIGKILL instead, before the call (the fault is used up first, so the next run goes through)."""
         if call not in CALLS.values():
             raise ValueError(f"unknown NVML call {call!r}; known: {', '.join(sorted(CALLS.values()))}")
         if error not in ERROR_CODES:
@@ -483,6 +495,8 @@ class SimulatedNvml:
             fault["gpu"] = gpu
         if as_status:
             fault["as"] = "activation_status"
+        if kill:
+            fault["as"] = "kill"
         self.state.setdefault("faults", []).append(fault)
         self._save()
 
@@ -505,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     fault.add_argument("--gpu", type=int)
     fault.add_argument("--skip", type=int, default=0)
     fault.add_argument("--times", type=int, default=1)
+    fault.add_argument("--kill", action="store_true", help="SIGKILL the calling process instead of failing the call")
     args = parser.parse_args(argv)
     try:
         sim = SimulatedNvml(args.state)
@@ -513,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "add-process":
             sim.add_process(args.gpu, args.pid, args.gi, kind=args.type)
         elif args.command == "fault":
-            sim.add_fault(args.call, args.error, args.gpu, args.skip, args.times)
+            sim.add_fault(args.call, args.error, args.gpu, args.skip, args.times, kill=args.kill)
         else:
             sys.stdout.write(json.dumps(sim.state, indent=2, sort_keys=True) + "\n")
     except (MigError, ValueError, KeyError) as exc:
