@@ -298,9 +298,24 @@ def _duration_errors(value: object, path: str) -> tuple[list[str], float | None]
         return [_invalid(path, value, str(err))], None
 
 
+def _unset(value: object) -> bool:
+    """Go's zero value of a string or a metav1.Duration, which kube-scheduler's v1 defaulting replaces."""
+    if value is None or value == "":
+        return True
+    try:
+        return isinstance(value, str) and parse_go_duration(value) == 0
+    except ValueError:
+        return False
+
+
 def _leader_election_errors(leader_election: dict[str, Any] | None) -> list[str]:
-    """component-base ValidateLeaderElectionConfiguration plus kube-scheduler's leases-only lock rule."""
-    settings = dict(DEFAULT_LEADER_ELECTION, **(leader_election or {}))
+    """component-base ValidateLeaderElectionConfiguration plus kube-scheduler's leases-only lock rule, after v1's
+    defaulting: a zero duration or an empty string is a field left unset, which the defaults fill in."""
+    settings = dict(DEFAULT_LEADER_ELECTION)
+    for name, value in (leader_election or {}).items():
+        settings[name] = value
+        if name in DEFAULT_LEADER_ELECTION and name != "leaderElect" and _unset(value):
+            settings[name] = DEFAULT_LEADER_ELECTION[name]
     if not settings["leaderElect"]:
         return []
     errors = []

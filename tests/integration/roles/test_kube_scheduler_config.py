@@ -1,5 +1,7 @@
 """kube-scheduler's own configuration rules (ported in module_utils/kube_scheduler_config.py): each rule rejects a
-config that breaks it and accepts its neighbour that does not; and the static pod manifest patch."""
+config that breaks it, with kube-scheduler's message, and accepts its neighbour that does not; and the static pod
+manifest patch. The configurations are tests/scheduler_config_corpus.py's, which the real kube-scheduler judges alike
+(tests/integration/k8s/test_scheduler_config_corpus.py)."""
 
 from __future__ import annotations
 
@@ -27,42 +29,23 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.kube_scheduler_config
     scheduler_config_errors,
     unpatch_static_pod_manifest,
 )
+from scheduler_config_corpus import (  # noqa: E402  (tests/ is on sys.path: conftest.py)
+    BAD_DURATIONS,
+    BAD_RESOURCE_NAMES,
+    GOOD_DURATIONS,
+    GOOD_RESOURCE_NAMES,
+    GPUSCORE_PROFILE,
+    RULES,
+    UNKNOWN_FIELDS,
+    WRONG_TYPES,
+    config,
+    gpu_extender,
+    with_profile,
+)
 
 KUBEADM_MANIFEST = REPO / "extensions/molecule/kube_scheduler_static_pod/files/kube-scheduler.yaml"
 CONFIG_DIR = "/etc/kubernetes/gpufleet"
 CONFIG_FILE = CONFIG_DIR + "/scheduler-config.yaml"
-
-
-def gpu_extender(**changes) -> dict:
-    extender = {
-        "urlPrefix": "http://10.96.0.50:8000",
-        "filterVerb": "filter",
-        "prioritizeVerb": "prioritize",
-        "weight": 3,
-        "httpTimeout": "500ms",
-        "nodeCacheCapable": True,
-        "ignorable": True,
-        "managedResources": [
-            {"name": "nvidia.com/gpu", "ignoredByScheduler": False},
-            {"name": "nvidia.com/mig-1g.10gb", "ignoredByScheduler": False},
-        ],
-    }
-    extender.update(changes)
-    return extender
-
-
-def config(**changes) -> dict:
-    """A valid configuration like the role renders in static_pod mode, with top-level fields replaced."""
-    base = {
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": "/etc/kubernetes/scheduler.conf"},
-        "leaderElection": {"leaderElect": True, "resourceName": "kube-scheduler", "resourceNamespace": "kube-system"},
-        "profiles": [{"schedulerName": "default-scheduler"}],
-        "extenders": [gpu_extender()],
-    }
-    base.update(changes)
-    return base
 
 
 def test_the_roles_configuration_is_valid():
@@ -108,22 +91,7 @@ def test_at_most_one_extender_implements_bind():
     ]
 
 
-@pytest.mark.parametrize(
-    ("name", "message"),
-    [
-        ("gpu", "is an invalid extended resource name"),  # no domain: a native resource name
-        ("cpu", "is an invalid extended resource name"),
-        ("kubernetes.io/gpu", "is an invalid extended resource name"),  # reserved for native resources
-        ("requests.nvidia.com/gpu", "is an invalid extended resource name"),  # quota prefix
-        ("nvidia.com/mig 1g.10gb", "name part must consist of alphanumeric characters"),
-        ("nvidia.com/mig-1g.10gb-", "name part must consist of alphanumeric characters"),
-        ("NVIDIA.com/gpu", "prefix part a lowercase RFC 1123 subdomain"),
-        ("nvidia.com/", "name part must be non-empty"),
-        ("/gpu", "prefix part must be non-empty"),
-        ("nvidia.com/" + "x" * 64, "name part must be no more than 63 characters"),
-        ("a/b/c", "a qualified name must consist of"),
-    ],
-)
+@pytest.mark.parametrize(("name", "message"), BAD_RESOURCE_NAMES)
 def test_managed_resources_must_be_extended_resource_names(name, message):
     extender = gpu_extender(managedResources=[{"name": name}])
     errors = scheduler_config_errors(config(extenders=[extender]))
@@ -134,9 +102,7 @@ def test_managed_resources_must_be_extended_resource_names(name, message):
     assert any(message in error for error in errors), errors
 
 
-@pytest.mark.parametrize(
-    "name", ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb", "example.com/Foo_bar"]
-)
+@pytest.mark.parametrize("name", GOOD_RESOURCE_NAMES)
 def test_real_gpu_resource_names_are_accepted(name):
     assert is_extended_resource_name(name)
     assert scheduler_config_errors(config(extenders=[gpu_extender(managedResources=[{"name": name}])])) == []
@@ -161,12 +127,12 @@ def test_a_resource_is_managed_once_across_extenders():
 # --- strict decoding -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("timeout", ["500ms", "1s", "1m30s", "0", "1.5s", "300us"])
+@pytest.mark.parametrize("timeout", GOOD_DURATIONS)
 def test_http_timeout_accepts_go_durations(timeout):
     assert scheduler_config_errors(config(extenders=[gpu_extender(httpTimeout=timeout)])) == []
 
 
-@pytest.mark.parametrize("timeout", ["500", "1 s", "5sec", "", "ms"])
+@pytest.mark.parametrize("timeout", BAD_DURATIONS)
 def test_http_timeout_rejects_what_go_cannot_parse(timeout):
     errors = scheduler_config_errors(config(extenders=[gpu_extender(httpTimeout=timeout)]))
     assert errors == [f'extenders[0].httpTimeout: Invalid value: "{timeout}": time: invalid duration "{timeout}"']
@@ -180,10 +146,7 @@ def test_parse_go_duration():
         parse_go_duration("2 minutes")
 
 
-@pytest.mark.parametrize(
-    ("where", "key"),
-    [("extender", "urlprefix"), ("extender", "managedResource"), ("top", "extender"), ("top", "healthzBindAddress")],
-)
+@pytest.mark.parametrize(("where", "key"), UNKNOWN_FIELDS)
 def test_unknown_fields_are_refused_like_kube_schedulers_strict_decoder(where, key):
     if where == "extender":
         errors = scheduler_config_errors(config(extenders=[gpu_extender(**{key: "x"})]))
@@ -193,9 +156,7 @@ def test_unknown_fields_are_refused_like_kube_schedulers_strict_decoder(where, k
         assert errors == [f'{key}: strict decoding error: unknown field "{key}"']
 
 
-@pytest.mark.parametrize(
-    ("field", "value"), [("weight", "3"), ("weight", True), ("ignorable", "true"), ("managedResources", {})]
-)
+@pytest.mark.parametrize(("field", "value"), WRONG_TYPES)
 def test_wrong_types_are_refused(field, value):
     errors = scheduler_config_errors(config(extenders=[gpu_extender(**{field: value})]))
     assert len(errors) == 1
@@ -205,65 +166,7 @@ def test_wrong_types_are_refused(field, value):
 # --- ValidateKubeSchedulerConfiguration ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("changes", "expected"),
-    [
-        (
-            {"apiVersion": "kubescheduler.config.k8s.io/v1beta3"},
-            'apiVersion: Invalid value: "kubescheduler.config.k8s.io/v1beta3"',
-        ),
-        ({"parallelism": 0}, "parallelism: Invalid value: 0: should be an integer value greater than zero"),
-        ({"percentageOfNodesToScore": 101}, "percentageOfNodesToScore: Invalid value: 101: not in valid range [0-100]"),
-        ({"podInitialBackoffSeconds": 0}, "podInitialBackoffSeconds: Invalid value: 0: must be greater than 0"),
-        (
-            {"podInitialBackoffSeconds": 5, "podMaxBackoffSeconds": 4},
-            "podMaxBackoffSeconds: Invalid value: 4: must be greater than or equal to PodInitialBackoffSeconds",
-        ),
-        ({"clientConnection": {"burst": -1}}, "clientConnection.burst: Invalid value: -1: must be non-negative"),
-        (
-            {"leaderElection": {"leaderElect": True, "leaseDuration": "10s", "renewDeadline": "10s"}},
-            'leaderElection.leaseDuration: Invalid value: "10s": LeaseDuration must be greater than RenewDeadline',
-        ),
-        (
-            {"leaderElection": {"leaderElect": True, "retryPeriod": "0s"}},
-            'leaderElection.retryPeriod: Invalid value: "0s": must be greater than zero',
-        ),
-        (
-            {"leaderElection": {"leaderElect": True, "resourceLock": "endpoints"}},
-            'leaderElection.resourceLock: Invalid value: "endpoints": resourceLock value must be "leases"',
-        ),
-        (
-            {"leaderElection": {"leaderElect": True, "resourceName": ""}},
-            'leaderElection.resourceName: Invalid value: "": resourceName is required',
-        ),
-        (
-            {"profiles": [{"schedulerName": "gpufleet"}, {"schedulerName": "gpufleet"}]},
-            "profiles[1].schedulerName: Duplicate value: profiles[0].schedulerName",
-        ),
-        ({"profiles": [{"schedulerName": "a"}, {}]}, "profiles[1].schedulerName: Required value"),
-        (
-            {"profiles": [{"schedulerName": "a", "percentageOfNodesToScore": -1}]},
-            "profiles[0].percentageOfNodesToScore: Invalid value: -1: not in valid range [0-100]",
-        ),
-        (
-            {
-                "profiles": [
-                    {"schedulerName": "a", "pluginConfig": [{"name": "NodeAffinity"}, {"name": "NodeAffinity"}]}
-                ]
-            },
-            'profiles[0].pluginConfig[1]: Duplicate value: "NodeAffinity"',
-        ),
-        (
-            {
-                "profiles": [
-                    {"schedulerName": "a"},
-                    {"schedulerName": "b", "plugins": {"queueSort": {"enabled": [{"name": "Custom"}]}}},
-                ]
-            },
-            "profiles[1].plugins.queueSort: Invalid value",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("changes", "expected"), RULES)
 def test_each_configuration_rule_rejects_a_bad_value(changes, expected):
     errors = scheduler_config_errors(config(**changes))
     assert len(errors) == 1, errors
@@ -421,22 +324,6 @@ def test_the_config_file_must_be_in_the_mounted_directory(kubeadm_manifest):
 
 
 # --- plugins the scheduler binary registers ---------------------------------------------------------------------------
-
-GPUSCORE_PROFILE = {
-    "schedulerName": "gpufleet-scheduler",
-    "plugins": {
-        "preFilter": {"enabled": [{"name": "GPUScore"}]},
-        "filter": {"enabled": [{"name": "GPUScore"}]},
-        "preScore": {"enabled": [{"name": "GPUScore"}]},
-        "score": {"enabled": [{"name": "GPUScore", "weight": 3}], "disabled": [{"name": "ImageLocality"}]},
-        "reserve": {"enabled": [{"name": "GPUScore"}]},
-    },
-    "pluginConfig": [{"name": "GPUScore", "args": {"prometheusURL": "http://p:9090", "weightGPUUtil": 0.7}}],
-}
-
-
-def with_profile(profile: dict) -> dict:
-    return config(profiles=[profile], extenders=[])
 
 
 def test_gpuscore_is_accepted_only_where_the_binary_registers_it():
