@@ -41,6 +41,21 @@ def test_containers_add_up_and_init_containers_take_the_max():
     assert request_of(pod) == (ResourceRequest("nvidia.com/gpu", 3),)
 
 
+def test_sidecars_run_beside_the_containers_and_the_later_init_containers():
+    # component-helpers' PodRequests: a restartable init container (a sidecar) adds to the steady state and to
+    # every init container started after it.
+    pod = make_pod({"nvidia.com/gpu": "1"})
+    pod["spec"]["initContainers"] = [
+        {"name": "sidecar", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+        {"name": "warm-up", "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+    ]
+    assert request_of(pod) == (ResourceRequest("nvidia.com/gpu", 3),)  # max(1 + 1, 1 + 2)
+    pod["spec"]["initContainers"][1]["resources"]["limits"]["nvidia.com/gpu"] = "0"
+    assert request_of(pod) == (ResourceRequest("nvidia.com/gpu", 2),)  # the sidecar keeps running beside main
+    del pod["spec"]["initContainers"][0]["restartPolicy"]  # an ordinary init container: it ends before main
+    assert request_of(pod) == (ResourceRequest("nvidia.com/gpu", 1),)
+
+
 def test_init_container_only_resource_counts():
     pod = make_pod({"cpu": "1"}, init={"nvidia.com/mig-1g.10gb": "1"})
     assert request_of(pod) == (ResourceRequest("nvidia.com/mig-1g.10gb", 1),)
@@ -97,3 +112,40 @@ def test_refused_quantities_say_exactly_why(quantity, message):
 
 def test_the_largest_int64_quantity_is_accepted():
     assert request_of(make_pod({"nvidia.com/gpu": 2**63 - 1})) == (ResourceRequest("nvidia.com/gpu", 2**63 - 1),)
+
+
+SHAPES = [
+    make_pod({"nvidia.com/mig-1g.10gb": "2"}),
+    make_pod({"nvidia.com/mig-1g.10gb": "1k"}),
+    make_pod({"nvidia.com/mig-3g.40gb": "2e0"}, init={"nvidia.com/mig-3g.40gb": "3"}),
+    {
+        "metadata": {"name": "sidecar"},
+        "spec": {
+            "containers": [{"name": "main", "resources": {"requests": {"nvidia.com/mig-2g.20gb": 1}}}],
+            "initContainers": [
+                {"name": "s", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/mig-2g.20gb": "1"}}},
+                {"name": "i", "resources": {"limits": {"nvidia.com/mig-2g.20gb": "2"}}},
+            ],
+        },
+    },
+]
+
+
+@pytest.mark.parametrize("pod", SHAPES, ids=range(len(SHAPES)))
+def test_the_advisor_reads_a_pods_mig_request_as_the_extender_does(pod):
+    from gpufleet_extender.mig_utils.advisor import demand_from_pods
+
+    extender = {r.resource.removeprefix("nvidia.com/mig-"): r.count for r in request_of(pod)}
+    assert demand_from_pods([pod]) == extender
+    assert extender  # every shape asks for MIG instances
+
+
+def test_the_advisor_refuses_a_quantity_the_extender_refuses_with_the_same_reason():
+    from gpufleet_extender.mig_utils.advisor import AdviceError, demand_from_pods
+
+    pod = make_pod({"nvidia.com/mig-1g.10gb": "500m"})
+    with pytest.raises(WireError) as extender:
+        request_of(pod)
+    with pytest.raises(AdviceError) as advisor:
+        demand_from_pods([pod])
+    assert str(extender.value) in str(advisor.value)

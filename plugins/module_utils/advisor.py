@@ -39,6 +39,7 @@ from typing import Any
 from .exceptions import MigError
 from .names import MIG_RESOURCE_PREFIX, parse_profile_name
 from .placement import Catalog, Slot, mask, placement_size, walk_subsets
+from .pod_requests import QuantityError, pod_devices_from_object
 
 DEFAULT_MAX_STATES = 200
 
@@ -455,26 +456,19 @@ def gpus_from_facts(
 
 
 def demand_from_pods(pods: list[dict[str, Any]]) -> dict[str, int]:
-    """MIG instances wanted by pending pods (Kubernetes Pod objects): their containers' nvidia.com/mig-<profile>
-    limits (requests when no limit; extended resources have equal ones), summed over the pods."""
+    """MIG instances wanted by pending pods (Kubernetes Pod objects), summed over the pods: each pod's
+    nvidia.com/mig-<profile> request as kube-scheduler reads it (pod_requests: requests or limits, init containers
+    and sidecars, Kubernetes quantities)."""
     demand: dict[str, int] = {}
     for pod in pods:
-        spec = pod.get("spec", {}) if isinstance(pod, dict) else {}
-        for container in spec.get("containers", []) or []:
-            resources = container.get("resources", {}) or {}
-            wanted = dict(resources.get("requests", {}) or {})
-            wanted.update(resources.get("limits", {}) or {})
-            for name, quantity in wanted.items():
-                if str(name).startswith(MIG_RESOURCE_PREFIX):
-                    try:
-                        count = int(str(quantity))
-                    except ValueError:
-                        raise AdviceError(
-                            f"pod {pod.get('metadata', {}).get('name')}: {name} must be a whole number, "
-                            f"got {quantity!r}"
-                        ) from None
-                    profile = _canonical(name[len(MIG_RESOURCE_PREFIX) :], "pod request")
-                    demand[profile] = demand.get(profile, 0) + count
+        name = pod.get("metadata", {}).get("name") if isinstance(pod, dict) else None
+        try:
+            wanted = pod_devices_from_object(pod, lambda resource: str(resource).startswith(MIG_RESOURCE_PREFIX))
+        except QuantityError as exc:
+            raise AdviceError(f"pod {name}: {exc}") from None
+        for resource, count in wanted.items():
+            profile = _canonical(resource[len(MIG_RESOURCE_PREFIX) :], "pod request")
+            demand[profile] = demand.get(profile, 0) + count
     return dict(sorted(demand.items()))
 
 

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TextIO
 
 from .exceptions import MigError
 
@@ -29,7 +30,7 @@ def lock_path(sim_state: str | None) -> str:
     return f"{sim_state}.lock" if sim_state else HOST_LOCK
 
 
-def _holder(handle) -> str:
+def _holder(handle: TextIO) -> str:
     handle.seek(0)
     text = handle.read().strip()
     return text or "a process that has not written its name yet"

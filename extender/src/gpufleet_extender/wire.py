@@ -50,6 +50,7 @@ class ResourceRequirements(msgspec.Struct, omit_defaults=True):
 class Container(msgspec.Struct, omit_defaults=True):
     name: str = ""
     resources: ResourceRequirements | None = None
+    restartPolicy: str | None = None  # init containers: "Always" makes a sidecar
 
 
 class PodSpec(msgspec.Struct, omit_defaults=True):
