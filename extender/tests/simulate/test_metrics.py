@@ -57,3 +57,18 @@ def test_retired_goal_checks_show_their_figures_and_are_never_judged():
     assert goal_checks({"count": _summary("count", 0, 0.4)}, replicas=1)[0].passed is None
     exclusive = goal_checks({"count": _summary("count", 0, 0.0), "load": _summary("load", 0, 0.0)}, replicas=1)
     assert "ratio n/a" in exclusive[1].detail
+
+
+def test_fewest_that_serves_bisects_to_the_least_and_counts_its_calls():
+    from gpufleet_extender.simulate.metrics import fewest_that_serves
+
+    calls = []
+
+    def serves(gpus: int) -> bool:
+        calls.append(gpus)
+        return gpus >= 37
+
+    assert fewest_that_serves(100, serves) == 37
+    assert len(calls) <= 1 + 7  # the limit, then a bisection of 1..100
+    assert fewest_that_serves(36, lambda gpus: gpus >= 37) is None
+    assert fewest_that_serves(5, lambda gpus: True) == 1

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet_extender.mig_utils import dra_placement
+from gpufleet_extender.simulate.metrics import fewest_that_serves, percentile
 from gpufleet_extender.simulate.relayout import (
     DEFAULT_EVERY_MINUTES,
     DEFAULT_WAIT_BOUND_MINUTES,
@@ -44,7 +45,6 @@ from gpufleet_extender.simulate.relayout import (
     day_trace,
     gpus_needed,
     inventory_pools,
-    nearest_rank,
     run_pool,
 )
 
@@ -78,7 +78,7 @@ class DraRun:
             "pods": len(self.waits),
             "never_placed": self.never,
             "pending_pod_minutes": round(self.pending_pod_minutes, 1),
-            "wait_p95_s": round(nearest_rank(self.waits, 0.95), 1),
+            "wait_p95_s": round(percentile(self.waits, 0.95) or 0.0, 1),
             "fragmentation_failures": self.fragmentation,
         }
 
@@ -169,16 +169,7 @@ def dra_gpus_needed(tenant: str, pods: Sequence[Pod], policy: str, bound_seconds
         run = DraPool(tenant, gpus, pods, policy).simulate()
         return run.never == 0 and run.max_wait <= bound_seconds
 
-    if not serves(limit):
-        return None
-    low, high = 0, limit
-    while high - low > 1:
-        middle = (low + high) // 2
-        if serves(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    return fewest_that_serves(limit, serves)
 
 
 def compare(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,6 +31,21 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
     ordered = sorted(values)
     rank = max(1, math.ceil(fraction * len(ordered)))
     return ordered[rank - 1]
+
+
+def fewest_that_serves(limit: int, serves: Callable[[int], bool]) -> int | None:
+    """The fewest of 1..``limit`` (GPUs, say) for which ``serves`` holds, by bisection: ``serves`` must be monotone
+    (more never serves worse). None when not even ``limit`` serves; 0 is taken to serve nothing."""
+    if not serves(limit):
+        return None
+    low, high = 0, limit  # low fails, high serves
+    while high - low > 1:
+        middle = (low + high) // 2
+        if serves(middle):
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def coefficient_of_variation(values: Sequence[float]) -> float | None:

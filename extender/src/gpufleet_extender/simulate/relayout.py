@@ -43,6 +43,7 @@ from gpufleet_extender.mig_utils.planner import Catalog, validate_target
 from gpufleet_extender.mig_utils.profile_tables import H100_80GB
 from gpufleet_extender.simulate.errors import SimulationError
 from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, Fleet, FleetError, fleet_from_inventory
+from gpufleet_extender.simulate.metrics import fewest_that_serves, percentile
 
 H100 = Catalog.from_table(H100_80GB)
 HOUR = 3600.0
@@ -238,7 +239,7 @@ class PoolRun:
         return sum(self.waits) / MINUTE
 
     def wait_p95(self) -> float:
-        return nearest_rank(self.waits, 0.95)
+        return percentile(self.waits, 0.95) or 0.0
 
     @property
     def max_wait(self) -> float:
@@ -277,13 +278,6 @@ class PoolRun:
             "advisor_calls": self.advisor_calls,
             "advisor_seconds": round(self.advisor_seconds, 2),
         }
-
-
-def nearest_rank(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 class PoolModel:
@@ -470,16 +464,7 @@ def gpus_needed(
         runs.append(run)
         return run.never == 0 and run.max_wait <= bound_seconds
 
-    if not serves(limit):
-        return None, runs
-    low, high = 0, limit  # low fails (0 GPUs serve nothing), high serves
-    while high - low > 1:
-        middle = (low + high) // 2
-        if serves(middle):
-            high = middle
-        else:
-            low = middle
-    return high, runs
+    return fewest_that_serves(limit, serves), runs
 
 
 # --- the comparison and its goals -------------------------------------------------------------------------------
