@@ -86,6 +86,36 @@ def test_the_release_is_pinned_with_dynamic_mig_on_the_fleets_gpu_nodes(tmp_path
     assert values["resources"] == {"gpus": {"enabled": True}, "computeDomains": {"enabled": False}}
     assert values["kubeletPlugin"]["nodeSelector"] == {"gpufleet.io/gpu-node": "true"}
     assert {"key": "gpufleet.io/tenant", "operator": "Exists"} in values["kubeletPlugin"]["tolerations"]
+    assert "image" not in values and "imagePullSecrets" not in values  # the pinned chart's own image
+
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize(
+    ("image", "digest", "repository", "tag"),
+    [
+        (
+            "registry.example:5000/nvidia/dra-driver-nvidia-gpu:v25.8.0",
+            None,
+            "registry.example:5000/nvidia/dra-driver-nvidia-gpu",
+            "v25.8.0",
+        ),
+        (
+            "mirror.example/dra-driver-nvidia-gpu:v25.8.0",
+            DIGEST,
+            "mirror.example/dra-driver-nvidia-gpu",
+            f"v25.8.0@{DIGEST}",
+        ),
+    ],
+)
+def test_the_image_variables_become_the_charts_image_values(tmp_path, image, digest, repository, tag):
+    extra = {"gpu_dra_driver_image": image, "gpu_dra_driver_image_digest": digest}
+    extra["gpu_dra_driver_image_pull_secrets"] = ["regcred"]
+    manifests = render_roles(["gpufleet.mig.gpu_dra_driver"], tmp_path, "inventories/hongkong+lab", {**DRA, **extra})
+    values = yaml.safe_load((manifests / "gpu_dra_driver/helm-release.yml").read_text())["values"]
+    assert values["image"] == {"repository": repository, "tag": tag}
+    assert values["imagePullSecrets"] == [{"name": "regcred"}]
 
 
 def test_without_helm_the_apply_mode_stops_before_any_change_saying_what_to_install(tmp_path):
@@ -112,6 +142,12 @@ def test_without_helm_the_apply_mode_stops_before_any_change_saying_what_to_inst
     [
         ({"gpu_dra_driver_chart_version": "latest"}, 'must pin one release of the chart (X.Y.Z), got "latest"'),
         ({"gpu_dra_driver_extra_values": ["DynamicMIG"]}, "argument 'gpu_dra_driver_extra_values' is of type list"),
+        ({"gpu_dra_driver_image_digest": DIGEST}, "with that image named"),
+        ({"gpu_dra_driver_image": "mirror.example/dra-driver-nvidia-gpu"}, 'must be "<registry>/<path>:<tag>"'),
+        (
+            {"gpu_dra_driver_image": "mirror.example/d:v1", "gpu_dra_driver_image_digest": "sha256:short"},
+            '"sha256:<64 hex>"',
+        ),
     ],
 )
 def test_bad_settings_are_refused_before_anything_is_rendered(tmp_path, extra, message):
