@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -221,6 +222,9 @@ def test_readyz_503_while_the_kubernetes_api_refuses_a_watch(metrics_file, monke
         def refused(self):
             return {"Pod": message}
 
+        def unsynced(self):
+            return []
+
     monkeypatch.setattr(k8s_watch, "connect", lambda mode: object())
     monkeypatch.setattr(k8s_watch, "ClusterWatcher", RefusedWatcher)
     with TestClient(create_app(file_settings(metrics_file))) as client:
@@ -344,3 +348,57 @@ def test_stale_nodes_log_names_a_few_and_counts_all_and_says_when_it_ends(caplog
         "decisions use no GPU metrics (ON_MISSING_METRICS=allow): no GPU metrics loaded",
         "decisions use GPU metrics again",
     ]
+
+
+def test_a_restarted_extender_is_ready_only_once_the_bindings_before_it_are_counted(tmp_path, monkeypatch):
+    # Two identical nodes; pods were bound to hk-gpu-a just before the extender (re)started, and have not started
+    # yet, so their load is in no metric: only the in-flight accounting, rebuilt from the API, knows of them.
+    metrics = write_metrics(
+        tmp_path / "dcgm.prom", {"hk-gpu-a": gpus(0.1, 0.1, 0.1, 0.1), "hk-gpu-b": gpus(0.1, 0.1, 0.1, 0.1)}
+    )
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    bound = [
+        {
+            "metadata": {"name": f"early-{n}", "namespace": "team-a", "resourceVersion": "7"},
+            "spec": {
+                "nodeName": "hk-gpu-a",
+                "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            },
+            "status": {
+                "phase": "Pending",
+                "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now}],
+            },
+        }
+        for n in range(4)
+    ]
+    listed = threading.Event()
+
+    def list_pods(**kwargs):
+        listed.wait(30)  # the API answers the first list late (a restart in a busy cluster)
+        return type(
+            "Response", (), {"data": json.dumps({"metadata": {"resourceVersion": "7"}, "items": bound}).encode()}
+        )
+
+    def quiet_stream(func, **kwargs):
+        time.sleep(0.05)
+        return iter(())
+
+    class Watcher(k8s_watch.ClusterWatcher):
+        def __init__(self, api, state, on_error):
+            super().__init__(api, state, lists={"Pod": list_pods}, stream=quiet_stream, on_error=on_error)
+
+    monkeypatch.setattr(k8s_watch, "connect", lambda mode: object())
+    monkeypatch.setattr(k8s_watch, "ClusterWatcher", Watcher)
+    names = names_args(GPU_POD, ["hk-gpu-a", "hk-gpu-b"])
+    with TestClient(create_app(file_settings(metrics, SCORING_STRATEGY="spread"))) as client:
+        waiting = client.get("/readyz")
+        assert waiting.status_code == 503 and waiting.json()["kube_api_unsynced"] == ["Pod"]
+        listed.set()
+        deadline = time.monotonic() + 10
+        while client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, client.get("/readyz").json()
+            time.sleep(0.05)
+        assert client.get("/readyz").json()["kube_api_unsynced"] == []
+        scores = {entry["Host"]: entry["Score"] for entry in client.post("/prioritize", json=names).json()}
+    # The first decision once ready counts the four bindings: every GPU of hk-gpu-a is taken, hk-gpu-b is preferred.
+    assert scores["hk-gpu-b"] > scores["hk-gpu-a"], scores

@@ -107,6 +107,8 @@ def create_app(
         # Kinds the API refuses to the extender (missing RBAC): /readyz reports them and answers 503.
         refused = watcher.refused if watcher is not None else dict
         app.state.kube_api_refused = refused
+        # Kinds not listed yet since the start (the in-flight bindings among them): /readyz answers 503 until each is.
+        app.state.kube_api_unsynced = watcher.unsynced if watcher is not None else list
         extender = Extender(
             settings,
             telemetry,

@@ -114,6 +114,7 @@ class ClusterWatcher:
         self._state = state
         self._on_error = on_error
         self._refused: dict[str, str] = {}
+        self._listed: set[str] = set()  # kinds whose first list is in the state
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind.lower()}", daemon=True)
@@ -126,6 +127,11 @@ class ClusterWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def unsynced(self) -> list[str]:
+        """The kinds not listed yet since the start: until each is, the state misses what it holds (bound pods:
+        the in-flight bindings), and decisions made on it could pile pods onto nodes that already took some."""
+        return sorted(set(self._lists) - self._listed)
 
     def refused(self) -> dict[str, str]:
         """The kinds the API refuses to list or watch (a missing permission), with the API's message."""
@@ -150,6 +156,7 @@ class ClusterWatcher:
             try:
                 listed = json.loads(self._lists[kind](_preload_content=False).data)
                 self._state.replace(kind, listed.get("items") or [])
+                self._listed.add(kind)
                 version = (listed.get("metadata") or {}).get("resourceVersion")
                 # failures is reset only once a watch is accepted: a list that works followed by a watch that
                 # is refused must not relist every second.

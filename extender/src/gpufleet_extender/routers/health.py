@@ -1,7 +1,9 @@
 """GET /healthz (the process serves), /readyz (decisions can be trusted), /metrics (prometheus-client).
 
-/readyz is 503 while metrics are required and missing (ON_MISSING_METRICS=deny), or while the Kubernetes API refuses
-a list or watch the extender needs (``kube_api_errors``: kind -> the API's message). ``metrics_blind`` is true while
+/readyz is 503 while metrics are required and missing (ON_MISSING_METRICS=deny), while the Kubernetes API refuses
+a list or watch the extender needs (``kube_api_errors``: kind -> the API's message), or until each kind it watches
+has been listed once since the start (``kube_api_unsynced``: bound pods among them, so that a restarted extender's
+first decisions count the bindings made before it started). ``metrics_blind`` is true while
 decisions use no GPU metrics at all (none loaded, or all older than METRICS_MAX_AGE_SECONDS), whatever the policy;
 ``metrics_stale_nodes`` counts the nodes in that state while others are fresh (``metrics_stale_node_names``: the first).
 """
@@ -32,8 +34,10 @@ async def readyz(extender: ExtenderDep, request: Request) -> JSONResponse:
     stale = extender.stale_nodes()
     # Lists/watches the Kubernetes API refuses (missing RBAC): decisions would ignore what they feed.
     refused: dict[str, str] = getattr(request.app.state, "kube_api_refused", dict)()
+    # Kinds not listed yet since the start: bound pods among them, the in-flight bindings are not rebuilt yet.
+    unsynced: list[str] = getattr(request.app.state, "kube_api_unsynced", list)()
     body = {
-        "ready": extender.ready() and not refused,
+        "ready": extender.ready() and not refused and not unsynced,
         "loading": extender.loading(),
         "metrics_age_seconds": None if age == float("inf") else round(age, 3),
         # Decisions use no metrics at all: under ON_MISSING_METRICS=allow the extender still answers (ready), but
@@ -48,6 +52,7 @@ async def readyz(extender: ExtenderDep, request: Request) -> JSONResponse:
         "metrics_source_error": extender.source_error(),
         "metrics_source_warnings": extender.source_warnings(),
         "kube_api_errors": refused,
+        "kube_api_unsynced": unsynced,
     }
     return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
