@@ -351,10 +351,12 @@ class ControlPlane:
         name: str | None = None,
         extra_args: tuple[str, ...] = (),
         ready_timeout: float = 60,
+        leader_election: dict | None = None,
     ) -> str:
         """A scheduler (kube-scheduler, or gpufleet-scheduler with the GPUScore plugin) with `config`, a
         KubeSchedulerConfiguration (the default profile when None), run as component `name` (default: binary);
-        `extra_args` are added to its command line. Its port: `ports[name]`. Raises ControlPlaneError (with its
+        `extra_args` are added to its command line; `leader_election`: its leaderElection settings (default: off,
+        a scheduler of its own). Its port: `ports[name]`. Raises ControlPlaneError (with its
         log's tail) when it exits or does not serve /healthz within `ready_timeout` seconds."""
         name = name or binary
         config = dict(config or {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"})
@@ -363,7 +365,7 @@ class ControlPlane:
         connection.setdefault("qps", 5000)
         connection.setdefault("burst", 5000)
         config["clientConnection"] = connection
-        config["leaderElection"] = {"leaderElect": False}
+        config["leaderElection"] = dict(leader_election or {"leaderElect": False})
         config_path = self.workdir / f"{name}.config.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         port = self.ports[name] = free_port()

@@ -79,17 +79,28 @@ class BindingWatch:
     def _run(self, version: str) -> None:
         stream = watch.Watch()
         while not self._stop.is_set():
-            for event in stream.stream(
-                self.core.list_namespaced_pod, self.namespace, resource_version=version, timeout_seconds=1
-            ):
-                pod = event["object"]
-                version = pod.metadata.resource_version
-                if pod.spec.node_name and pod.metadata.name not in self.bound:
-                    with self._changed:
-                        self.bound[pod.metadata.name] = (pod.spec.node_name, time.monotonic())
-                        self._changed.notify_all()
-                if self._stop.is_set():
-                    stream.stop()
+            try:
+                for event in stream.stream(
+                    self.core.list_namespaced_pod, self.namespace, resource_version=version, timeout_seconds=1
+                ):
+                    pod = event["object"]
+                    version = pod.metadata.resource_version
+                    self._seen(pod)
+                    if self._stop.is_set():
+                        stream.stop()
+            except Exception:  # the apiserver went away (a restart): list again once it is back, then watch on
+                time.sleep(0.5)
+                with contextlib.suppress(Exception):
+                    listed = self.core.list_namespaced_pod(self.namespace)
+                    for pod in listed.items:
+                        self._seen(pod)
+                    version = listed.metadata.resource_version
+
+    def _seen(self, pod) -> None:
+        if pod.spec.node_name and pod.metadata.name not in self.bound:
+            with self._changed:
+                self.bound[pod.metadata.name] = (pod.spec.node_name, time.monotonic())
+                self._changed.notify_all()
 
     def wait(self, count: int, timeout: float) -> bool:
         """Wait until `count` pods are bound; False on timeout."""
