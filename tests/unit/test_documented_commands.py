@@ -551,3 +551,170 @@ def test_every_default_a_table_states_is_the_roles(doc, name, value):
         )
     else:
         assert stated == default, f"{doc}: {name} is `{value}`, the role's default is `{default}`"
+
+
+# --- the values a role renders: GPUScore's args --------------------------------------------------------------
+
+
+def _jinja():
+    import jinja2
+    from jinja2.nativetypes import NativeEnvironment
+
+    env = NativeEnvironment(undefined=jinja2.StrictUndefined)
+    env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("true", "yes", "1", "on")
+    return env
+
+
+UNRENDERED = object()
+
+
+def _render(env, value, context: dict):
+    """value rendered against context, or UNRENDERED when it needs more than Jinja's own filters and `bool` (a
+    collection filter, an inventory variable) or names a default still a template."""
+    if not (isinstance(value, str) and "{{" in value):
+        return value
+    try:
+        rendered = env.from_string(value.strip()).render(context)
+    except Exception:
+        return UNRENDERED
+    return UNRENDERED if isinstance(rendered, str) and "{{" in rendered else rendered
+
+
+def _rendered_defaults() -> dict:
+    """The roles' defaults with their templates rendered against each other, as Ansible would with an inventory
+    that sets none of them; one that cannot be rendered here stays a template."""
+    env, values = _jinja(), dict(ROLE_DEFAULTS)
+    for _ in range(6):  # chains of defaults are a few deep
+        for name, value in values.items():
+            rendered = _render(env, value, values)
+            if rendered is not UNRENDERED:
+                values[name] = rendered
+    return values
+
+
+def _plugin_args() -> dict:
+    """GPUScore's args as the kube_scheduler role writes them with the roles' defaults (the ones it can render)."""
+    env, rendered = _jinja(), _rendered_defaults()
+    args = {}
+    for arg, template in rendered["kube_scheduler_plugin_args"].items():
+        value = _render(env, template, rendered)
+        if value is not UNRENDERED:
+            args[arg] = value
+    return args
+
+
+PLUGIN_ARGS = _plugin_args()
+
+
+def documented_plugin_args() -> list[tuple[str, str, str]]:
+    """(page, arg, value) for every table row whose first cell is a GPUScore arg and whose `default` cell is one
+    literal: what the kube_scheduler role writes into the plugin's args."""
+    rows = []
+    for doc in DOCS:
+        column = None
+        for line in (REPO / doc).read_text(encoding="utf-8").splitlines():
+            if not line.startswith("|"):
+                column = None
+                continue
+            cells = _cells(line)
+            if column is None:
+                lowered = [c.lower() for c in cells]
+                column = next((i for i, c in enumerate(lowered) if c.startswith("default")), -1)
+                continue
+            if column < 0 or column >= len(cells) or set(line) <= set("|-: "):
+                continue
+            name = re.fullmatch(r"`([a-zA-Z]+)`", cells[0])
+            value = re.fullmatch(r"`([^`]*)`", cells[column])
+            setting = re.match(r"`([A-Z_]+)`", cells[1]) if len(cells) > 1 else None
+            if name and value and name.group(1) in PLUGIN_ARGS:
+                rows.append((doc, name.group(1), setting and setting.group(1), value.group(1)))
+    return rows
+
+
+def test_the_plugin_args_the_role_writes_are_rendered():
+    # The table's check below would check nothing if the defaults stopped rendering.
+    assert {"metricsMaxAgeSeconds", "gpuUtilThreshold", "prometheusURL"} <= set(PLUGIN_ARGS), PLUGIN_ARGS
+    assert {row[1] for row in documented_plugin_args()} >= {"metricsMaxAgeSeconds", "prometheusURL"}
+
+
+@pytest.mark.parametrize(("doc", "arg", "setting", "value"), documented_plugin_args(), ids=lambda x: str(x))
+def test_every_plugin_arg_a_table_states_is_what_the_role_writes(doc, arg, setting, value):
+    written = PLUGIN_ARGS[arg]
+    if written is None:  # the role leaves it to the plugin, whose default is the extender's (k8s/gpuscore/args.go)
+        from gpufleet_extender.config import Settings
+
+        assert setting, f"{doc}: {arg}: the role writes null; the row names no extender setting to take it from"
+        written = Settings.model_fields[setting].default
+    assert yaml.safe_load(value) == written, f"{doc}: {arg} is `{value}`, the role writes {written!r}"
+
+
+# --- schemes: what the roles accept ------------------------------------------------------------------------------
+
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
+def _prose_and_blocks(doc: str) -> list[tuple[int, str]]:
+    return list(enumerate((REPO / doc).read_text(encoding="utf-8").splitlines(), 1))
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_no_example_reaches_another_host_over_http(doc):
+    """The roles refuse an http:// Prometheus (unless a lab opts out) and the scheduler reaches the extender over
+    https: an example that sends a URL or token over plain http to another host shows what the roles refuse. Only a
+    loopback address (a port-forward, the extender's own development default) may be http://."""
+    wrong = []
+    for number, line in _prose_and_blocks(doc):
+        for url in re.findall(r"http://[^\s`'\")>,]+", line):
+            host = re.match(r"http://(\[[^\]]*\]|[^/:]+)", url).group(1)
+            if host not in LOOPBACK:
+                wrong.append(f"{doc}:{number}: {url}")
+        if re.search(r"enableHTTPS:\s*false", line):
+            wrong.append(f"{doc}:{number}: enableHTTPS: false (the kube_scheduler role writes https)")
+    assert not wrong, "examples over http where the roles accept https only:\n" + "\n".join(wrong)
+
+
+# --- figures cited from another page ---------------------------------------------------------------------------
+
+FIGURE = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def _anchor(heading: str) -> str:
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _section(path: Path, anchor: str | None) -> str:
+    text = path.read_text(encoding="utf-8")
+    if not anchor:
+        return text
+    lines, out, level = text.splitlines(), [], None
+    for line in lines:
+        heading = re.match(r"^(#+) (.+)$", line)
+        if heading and level is not None and len(heading.group(1)) <= level:
+            break
+        if level is not None:
+            out.append(line)
+        if heading and level is None and _anchor(heading.group(2)) == anchor:
+            level = len(heading.group(1))
+    assert level is not None, f"{path.name} has no section #{anchor}"
+    return "\n".join(out)
+
+
+def cited_figures() -> list[tuple[str, str, str]]:
+    """(page, link text, target) for every link to another Markdown page whose text holds a figure: the way a page
+    cites a figure another page measured, `[2.0 s against 14.6 s](kube_scheduler.md#metrics-at-fleet-scale)`."""
+    found = []
+    for doc in DOCS:
+        for text, target in re.findall(r"\[([^\]]*\d[^\]]*)\]\(([^)\s]+\.md(?:#[^)\s]*)?)\)", (REPO / doc).read_text()):
+            if FIGURE.search(text) and not target.startswith("http"):
+                found.append((doc, text, target))
+    return found
+
+
+@pytest.mark.parametrize(("doc", "text", "target"), cited_figures(), ids=lambda x: str(x))
+def test_every_figure_cited_from_another_page_is_that_pages(doc, text, target):
+    path, _, anchor = target.partition("#")
+    section = _section((REPO / doc).parent / path, anchor or None)
+    missing = [
+        figure for figure in FIGURE.findall(text) if not re.search(rf"(?<![\d.,]){re.escape(figure)}(?![\d])", section)
+    ]
+    assert not missing, f"{doc}: [{text}]({target}): {missing} not in {target}"
