@@ -32,7 +32,7 @@ COLLECTIONS_PATH = collections_path()  # also makes ansible_collections.gpufleet
 BIN = Path(sys.executable).parent
 DOCS = [
     "README.md",
-    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md")),
     "extender/README.md",
     "examples/README.md",
 ]
@@ -510,7 +510,9 @@ ROLE_DEFAULTS = {
 
 
 def _cells(line: str) -> list[str]:
-    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+    """A table row's cells; `\\|` is a pipe inside a cell (as in a Jinja default)."""
+    cells = re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|"))
+    return [cell.strip().replace("\\|", "|") for cell in cells]
 
 
 def documented_defaults() -> list[tuple[str, str, str]]:
@@ -542,14 +544,16 @@ def test_every_default_a_table_states_is_the_roles(doc, name, value):
     """A page's table that gives a role variable and its value must give the role's default: a default changed in
     the role and not in the page fails here."""
     default = ROLE_DEFAULTS[name]
-    stated = yaml.safe_load(value) if value not in ("", "null") else None
-    if isinstance(default, str) and "{{" in default:
+    if isinstance(default, str) and "{{" not in default:  # `1.30` is the text 1.30, not the number 1.3
+        assert value in (default, json.dumps(default)), f"{doc}: {name} is `{value}`, the role's default is `{default}`"
+    elif isinstance(default, str):
         # A computed default may be written as its template or as the bare expression inside it.
         inner = re.fullmatch(r"\{\{\s*(.*?)\s*\}\}", default.strip())
         assert value in (default.strip(), inner and inner.group(1)), (
             f"{doc}: {name} is `{value}`, the role's default is `{default.strip()}`"
         )
     else:
+        stated = yaml.safe_load(value) if value not in ("", "null") else None
         assert stated == default, f"{doc}: {name} is `{value}`, the role's default is `{default}`"
 
 
@@ -718,3 +722,19 @@ def test_every_figure_cited_from_another_page_is_that_pages(doc, text, target):
         figure for figure in FIGURE.findall(text) if not re.search(rf"(?<![\d.,]){re.escape(figure)}(?![\d])", section)
     ]
     assert not missing, f"{doc}: [{text}]({target}): {missing} not in {target}"
+
+
+# --- the variables reference -----------------------------------------------------------------------------------
+
+
+def test_the_variables_reference_is_what_the_argument_specs_give():
+    """docs/reference/variables.md is generated (`make varref`): a spec or default changed without it fails here."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools/varref.py")], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    reference = (REPO / "docs/reference/variables.md").read_text()
+    for path in ROLES.glob("*/meta/argument_specs.yml"):
+        for point in yaml.safe_load(path.read_text())["argument_specs"].values():
+            for name in point.get("options") or {}:
+                assert f"| `{name}` |" in reference, f"{name} ({path}) is not in the reference"
