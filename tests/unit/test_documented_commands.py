@@ -475,13 +475,13 @@ def test_every_block_is_checked():
 
 
 def test_the_repository_layout_listing_names_existing_paths():
-    (listing,) = [b for b in ALL if b.doc == "README.md" and b.tag == "text" and "galaxy.yml" in b.text]
+    (listing,) = [b for b in ALL if b.doc == "docs/development.md" and b.tag == "text" and "galaxy.yml" in b.text]
     for line in listing.text.splitlines():
         paths = line.split("  ")[0].split()  # "playbooks/site.yml mig.yml": the second beside the first
         first = paths[0]
         for path in paths:
             beside = REPO / Path(first.rstrip("/")).parent / path
-            assert (REPO / path).exists() or beside.exists(), f"README.md:{listing.line}: {path} does not exist"
+            assert (REPO / path).exists() or beside.exists(), f"{listing}: {path} does not exist"
 
 
 def test_the_verdicts_links_point_at_sections_of_the_simulator_docs():
@@ -738,3 +738,80 @@ def test_the_variables_reference_is_what_the_argument_specs_give():
         for point in yaml.safe_load(path.read_text())["argument_specs"].values():
             for name in point.get("options") or {}:
                 assert f"| `{name}` |" in reference, f"{name} ({path}) is not in the reference"
+
+
+# --- links, the index, file names ------------------------------------------------------------------------------
+
+LINK = re.compile(r"\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces to `-`."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    anchors, seen, inblock = set(), {}, False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            inblock = not inblock
+        heading = None if inblock else re.match(r"^#{1,6} (.+)$", line)
+        if heading:
+            slug = _slug(heading.group(1))
+            anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def _links(doc: str) -> list[tuple[int, str]]:
+    found, inblock = [], False
+    for number, line in enumerate((REPO / doc).read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("```"):
+            inblock = not inblock
+            continue
+        if not inblock:
+            prose = re.sub(r"`[^`]*`", "", line)  # a link written as code is not a link
+            found += [(number, target) for target in LINK.findall(prose)]
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_link_resolves(doc):
+    """Every relative link of README.md and docs/ names a file that exists, and a heading of it when it names one."""
+    broken = []
+    for number, target in _links(doc):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (REPO / doc).parent / path if path else REPO / doc
+        if not resolved.exists():
+            broken.append(f"{doc}:{number}: {target}: no such file")
+        elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+            broken.append(f"{doc}:{number}: {target}: {path or doc} has no heading #{anchor}")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_page_is_reachable_from_the_index():
+    """From README.md, following links, a reader reaches every page of docs/ and the extender's README."""
+    reached, queue = set(), ["README.md"]
+    while queue:
+        doc = queue.pop()
+        if doc in reached:
+            continue
+        reached.add(doc)
+        for _, target in _links(doc):
+            path = target.partition("#")[0]
+            if path.endswith(".md") and not re.match(r"^[a-z]+:", path):
+                resolved = ((REPO / doc).parent / path).resolve()
+                if resolved.is_file() and REPO in resolved.parents:
+                    queue.append(str(resolved.relative_to(REPO)))
+    unreachable = sorted(set(DOCS) - reached)
+    assert not unreachable, f"pages no link from README.md leads to: {unreachable}"
+
+
+def test_docs_file_names_follow_one_rule():
+    """Lower case, words joined by `_`: the roles' own rule (mig_partition.md, kube_scheduler.md)."""
+    wrong = [
+        str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*") if not re.fullmatch(r"[a-z0-9_]+(\.md)?", p.name)
+    ]
+    assert not wrong, f"docs/ names outside the rule [a-z0-9_]: {wrong}"
