@@ -258,10 +258,24 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
         pattern, paths = paths[0], paths[1:]
         assert paths and all((REPO / path).exists() for path in paths), f"{block}: {command}: no such path"
         _run(["grep", *[a for a in args if a.startswith("-")], pattern, *paths])
+    elif program == "kubectl" and "-f" not in args:
+        _check_kubectl_read(args, block, command)
+    elif program in ("systemctl", "journalctl"):
+        # A unit of the collection's: one the mig_partition role installs.
+        units = [a for a in args if a.endswith((".service", ".timer"))]
+        assert units, f"{block}: {command}: names no unit"
+        for unit in units:
+            assert (ROLES / "mig_partition/templates" / f"{unit}.j2").is_file(), f"{block}: no unit {unit} is installed"
+    elif program == "curl":
+        # The extender's own endpoints, over a port-forward to 127.0.0.1 and https as the role serves them.
+        (url,) = [a for a in args if a.startswith("http")]
+        assert url.startswith("https://127.0.0.1:"), f"{block}: {url}: the extender serves https, here port-forwarded"
+        path = "/" + url.split("/", 3)[3]
+        routes = "".join(p.read_text() for p in (REPO / "extender/src/gpufleet_extender/routers").glob("*.py"))
+        assert f'"{path}"' in routes, f"{block}: the extender has no endpoint {path}"
     elif program == "kubectl":
         # The files a kubectl command applies exist and are what the command's namespace says.
         files = [args[i + 1] for i, a in enumerate(args) if a == "-f"]
-        assert files, f"{block}: {command}: no check for kubectl without -f"
         namespace = args[args.index("--namespace") + 1] if "--namespace" in args else None
         for path in files:
             assert (REPO / path).is_file(), f"{block}: {path} does not exist"
@@ -272,6 +286,30 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
         _check_pip(args, block)
     else:
         pytest.fail(f"{block}: no check for the command {command!r}: add one to tests/unit/test_documented_commands.py")
+
+
+KUBECTL_READS = {"get", "describe", "logs", "port-forward", "rollout", "top", "auth", "events"}
+
+
+def _check_kubectl_read(args: list[str], block: Block, command: str) -> None:
+    """A read-only kubectl command (get, describe, logs, ...): its namespace is one the roles deploy into (or a tenant's
+    of the Hong Kong inventory, or Kubernetes' own), and each `kind/name` it names is an object the roles create."""
+    valued = ("-n", "--namespace")
+    words = [a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] not in valued)]
+    assert words and words[0] in KUBECTL_READS, f"{block}: {command}: not a kubectl read this test knows"
+    text = "".join(_role_text(role.name) for role in ROLES.iterdir() if role.is_dir())
+    for flag in ("-n", "--namespace"):
+        if flag in args:
+            namespace = args[args.index(flag) + 1]
+            known = set(re.findall(r"default\('([a-z0-9-]+)'\)", text)) | {"kube-system", "monitoring"}
+            tenants = yaml.safe_load((REPO / "inventories/hongkong/group_vars/all/fleet.yml").read_text())
+            known |= {n for tenant in tenants["gpufleet_tenants"].values() for n in tenant.get("namespaces", [])}
+            assert namespace in known, f"{block}: {command}: no role deploys into namespace {namespace}"
+    for word in args[1:]:
+        kinds = "deploy|deployment|ds|daemonset|svc|service|pod|cm|configmap|secret"
+        kind_name = re.fullmatch(rf"({kinds})/([a-z0-9-]+)", word)
+        if kind_name:
+            assert kind_name.group(2) in text, f"{block}: {command}: the roles create no {word}"
 
 
 # Where `ansible-galaxy collection install` puts the collection by default: the docs name its files there.
