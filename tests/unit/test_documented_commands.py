@@ -853,3 +853,22 @@ def test_docs_file_names_follow_one_rule():
         str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*") if not re.fullmatch(r"[a-z0-9_]+(\.md)?", p.name)
     ]
     assert not wrong, f"docs/ names outside the rule [a-z0-9_]: {wrong}"
+
+
+# --- what the generated artefacts say about themselves ---------------------------------------------------------
+
+
+def test_every_dashboard_panel_and_alert_says_what_it_shows():
+    """An operator reading the dashboard or Prometheus' alerts sees what each computes and why, without the docs."""
+    dashboard = json.loads((ROLES / "monitoring/files/gpufleet-fleet-dashboard.json").read_text())
+
+    def panels(items):
+        for item in items:
+            yield item
+            yield from panels(item.get("panels", []))
+
+    silent = [p["title"] for p in panels(dashboard["panels"]) if p["type"] != "row" and not p.get("description")]
+    assert not silent, f"dashboard panels without a description: {silent}"
+    rules = yaml.safe_load((ROLES / "monitoring/files/gpufleet-alerts.rules.yml").read_text())
+    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts and all(r["annotations"].get("description") for r in alerts), "an alert without a description"
