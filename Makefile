@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 
-.PHONY: help venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-controller pytest-extender faults mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
+.PHONY: help varref venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-controller pytest-extender faults mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on a simulated fleet: INVENTORY=<dir>, Hong Kong's by default"
@@ -48,6 +48,10 @@ venv: $(VENV)/.installed $(PROTO_PY)
 collection-link: $(PROTO_PY)
 	@mkdir -p $(dir $(COLLECTION_LINK))
 	@[ "$$(readlink $(COLLECTION_LINK))" = ../../../.. ] || ln -sfn ../../../.. $(COLLECTION_LINK)
+
+# docs/reference/variables.md from every role's meta/argument_specs.yml (tools/varref.py; the unit tests check it).
+varref: venv
+	$(BIN)/python tools/varref.py --write
 
 # --- the lab -----------------------------------------------------------------------------------------------
 # `make lab INVENTORY=<dir>` runs a fleet's own inventory on simulated hosts, before touching the fleet (Hong Kong's,

@@ -115,7 +115,7 @@ def start_jobs(nvml, catalog: Catalog, before: list[Observed], rng: random.Rando
 
 
 def end_jobs(path: str) -> None:
-    """The jobs finish: empty every GPU's process list in the simulator's state file (see docs/nvml-simulator.md)."""
+    """The jobs finish: empty every GPU's process list in the simulator's state file (see docs/nvml_simulator.md)."""
     with open(path, encoding="utf-8") as handle:
         state = json.load(handle)
     for gpu in state["gpus"]:

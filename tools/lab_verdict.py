@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
     advice = lab / "rebalance" / "advice.txt"
     if advice.is_file():
-        out.append("MIG re-layout on a copy of one MIG pool's GPUs (docs/mig-rebalance.md), the advice applied:")
+        out.append("MIG re-layout on a copy of one MIG pool's GPUs (docs/mig_rebalance.md), the advice applied:")
         out += [f"  {line}" for line in advice.read_text(encoding="utf-8").splitlines()]
 
     missed = sum(goals_missed(d) for d in documents.values())

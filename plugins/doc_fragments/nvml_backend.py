@@ -7,7 +7,7 @@ options:
   nvml_sim_state:
     description:
       - Path of an NVML simulator state file. When set, the module talks to the simulator instead of
-        C(libnvidia-ml) (see C(docs/nvml-simulator.md)); a missing file is created as 8 x NVIDIA H100 80GB HBM3 with
+        C(libnvidia-ml) (see C(docs/nvml_simulator.md)); a missing file is created as 8 x NVIDIA H100 80GB HBM3 with
         MIG disabled (C(GPUFLEET_NVML_SIM_GPUS) and C(GPUFLEET_NVML_SIM_PRODUCT) change those defaults).
       - When unset, the real NVML library is used through nvidia-ml-py (C(pynvml)), which must be installed for the
         module's Python. The simulator is chosen by this option only; the environment variable C(GPUFLEET_NVML_SIM)

@@ -13,7 +13,7 @@ The variables:
 - ``gpufleet_gpus_per_node``: how many GPUs the host has (required, at least 1).
 - ``mig_partition_config``: the host's layout (required).
 
-Pure Python, no Ansible: the extender's wheel ships it with the layout library (docs/layout-library.md).
+Pure Python, no Ansible: the extender's wheel ships it with the layout library (docs/layout_library.md).
 """
 
 from __future__ import annotations

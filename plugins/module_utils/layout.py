@@ -6,7 +6,7 @@ for that catalog. Both go through spec.parse_config / targets_for_gpus and plann
 module would refuse is refused here with the same message, and `devices` is required everywhere.
 
 This module and those it imports (spec, planner, nvml's record types, profile_tables, exceptions) are pure Python
-without Ansible: the extender's wheel ships them as they are (see docs/layout-library.md).
+without Ansible: the extender's wheel ships them as they are (see docs/layout_library.md).
 """
 
 from __future__ import annotations

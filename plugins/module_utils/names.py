@@ -5,7 +5,7 @@ Every reader of a profile or resource name goes through here: the layout library
 filters (tenants_model, mig_layout) and the extender's simulator (its trace and fleet readers), so that a name one
 of them accepts is a name all of them accept, with the same message when it is not.
 
-Pure Python, no Ansible: the extender's wheel ships it with the layout library (docs/layout-library.md).
+Pure Python, no Ansible: the extender's wheel ships it with the layout library (docs/layout_library.md).
 """
 
 from __future__ import annotations

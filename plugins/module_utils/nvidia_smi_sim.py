@@ -4,7 +4,7 @@
         --query-gpu=index,name,driver_version,persistence_mode,mig.mode.current --format=csv,noheader
 
 The preflight role runs it instead of nvidia-smi in the lab (docs/preflight.md). The state file is the simulator's
-(docs/nvml-simulator.md); a missing one is the simulator's fresh host (8 x H100 80GB HBM3, MIG off), read, never
+(docs/nvml_simulator.md); a missing one is the simulator's fresh host (8 x H100 80GB HBM3, MIG off), read, never
 written. Two optional keys describe the host's driver as the preflight sees it: top-level `driver_version`
 (default 550.90.07; null: no driver loaded, and the tool fails as the real one does) and per GPU
 `persistence_mode` (default true).

@@ -13,10 +13,10 @@ Faithful where the planner and runner could be fooled:
   fails with IN_USE;
 - GPU-instance ids are the driver's: derived from the placement (gpu_instance_id), not handed out in order;
 - every reset of a GPU (nvidia-smi --gpu-reset, a MIG mode change the driver activated by resetting the GPU itself,
-  a reboot) is counted in `reset_count`: device handles taken before it are stale (see docs/nvml-simulator.md);
+  a reboot) is counted in `reset_count`: device handles taken before it are stale (see docs/nvml_simulator.md);
 - processes are compute or graphics ones (two NVML calls), their memory may be unavailable (null), and a caller
   without privileges (`privileged: false`) may not change MIG mode or instances (NO_PERMISSION).
-Processes and NVML errors can be injected (state keys `processes`, `faults`); see docs/nvml-simulator.md.
+Processes and NVML errors can be injected (state keys `processes`, `faults`); see docs/nvml_simulator.md.
 Every mutating call is saved to the state file before it returns, so a failure mid-apply leaves the state as far as
 it got, like a real GPU.
 """

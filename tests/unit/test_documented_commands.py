@@ -32,7 +32,7 @@ COLLECTIONS_PATH = collections_path()  # also makes ansible_collections.gpufleet
 BIN = Path(sys.executable).parent
 DOCS = [
     "README.md",
-    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md")),
     "extender/README.md",
     "examples/README.md",
 ]
@@ -258,10 +258,24 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
         pattern, paths = paths[0], paths[1:]
         assert paths and all((REPO / path).exists() for path in paths), f"{block}: {command}: no such path"
         _run(["grep", *[a for a in args if a.startswith("-")], pattern, *paths])
+    elif program == "kubectl" and "-f" not in args:
+        _check_kubectl_read(args, block, command)
+    elif program in ("systemctl", "journalctl"):
+        # A unit of the collection's: one the mig_partition role installs.
+        units = [a for a in args if a.endswith((".service", ".timer"))]
+        assert units, f"{block}: {command}: names no unit"
+        for unit in units:
+            assert (ROLES / "mig_partition/templates" / f"{unit}.j2").is_file(), f"{block}: no unit {unit} is installed"
+    elif program == "curl":
+        # The extender's own endpoints, over a port-forward to 127.0.0.1 and https as the role serves them.
+        (url,) = [a for a in args if a.startswith("http")]
+        assert url.startswith("https://127.0.0.1:"), f"{block}: {url}: the extender serves https, here port-forwarded"
+        path = "/" + url.split("/", 3)[3]
+        routes = "".join(p.read_text() for p in (REPO / "extender/src/gpufleet_extender/routers").glob("*.py"))
+        assert f'"{path}"' in routes, f"{block}: the extender has no endpoint {path}"
     elif program == "kubectl":
         # The files a kubectl command applies exist and are what the command's namespace says.
         files = [args[i + 1] for i, a in enumerate(args) if a == "-f"]
-        assert files, f"{block}: {command}: no check for kubectl without -f"
         namespace = args[args.index("--namespace") + 1] if "--namespace" in args else None
         for path in files:
             assert (REPO / path).is_file(), f"{block}: {path} does not exist"
@@ -272,6 +286,30 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
         _check_pip(args, block)
     else:
         pytest.fail(f"{block}: no check for the command {command!r}: add one to tests/unit/test_documented_commands.py")
+
+
+KUBECTL_READS = {"get", "describe", "logs", "port-forward", "rollout", "top", "auth", "events"}
+
+
+def _check_kubectl_read(args: list[str], block: Block, command: str) -> None:
+    """A read-only kubectl command (get, describe, logs, ...): its namespace is one the roles deploy into (or a tenant's
+    of the Hong Kong inventory, or Kubernetes' own), and each `kind/name` it names is an object the roles create."""
+    valued = ("-n", "--namespace")
+    words = [a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] not in valued)]
+    assert words and words[0] in KUBECTL_READS, f"{block}: {command}: not a kubectl read this test knows"
+    text = "".join(_role_text(role.name) for role in ROLES.iterdir() if role.is_dir())
+    for flag in ("-n", "--namespace"):
+        if flag in args:
+            namespace = args[args.index(flag) + 1]
+            known = set(re.findall(r"default\('([a-z0-9-]+)'\)", text)) | {"kube-system", "monitoring"}
+            tenants = yaml.safe_load((REPO / "inventories/hongkong/group_vars/all/fleet.yml").read_text())
+            known |= {n for tenant in tenants["gpufleet_tenants"].values() for n in tenant.get("namespaces", [])}
+            assert namespace in known, f"{block}: {command}: no role deploys into namespace {namespace}"
+    for word in args[1:]:
+        kinds = "deploy|deployment|ds|daemonset|svc|service|pod|cm|configmap|secret"
+        kind_name = re.fullmatch(rf"({kinds})/([a-z0-9-]+)", word)
+        if kind_name:
+            assert kind_name.group(2) in text, f"{block}: {command}: the roles create no {word}"
 
 
 # Where `ansible-galaxy collection install` puts the collection by default: the docs name its files there.
@@ -475,13 +513,13 @@ def test_every_block_is_checked():
 
 
 def test_the_repository_layout_listing_names_existing_paths():
-    (listing,) = [b for b in ALL if b.doc == "README.md" and b.tag == "text" and "galaxy.yml" in b.text]
+    (listing,) = [b for b in ALL if b.doc == "docs/development.md" and b.tag == "text" and "galaxy.yml" in b.text]
     for line in listing.text.splitlines():
         paths = line.split("  ")[0].split()  # "playbooks/site.yml mig.yml": the second beside the first
         first = paths[0]
         for path in paths:
             beside = REPO / Path(first.rstrip("/")).parent / path
-            assert (REPO / path).exists() or beside.exists(), f"README.md:{listing.line}: {path} does not exist"
+            assert (REPO / path).exists() or beside.exists(), f"{listing}: {path} does not exist"
 
 
 def test_the_verdicts_links_point_at_sections_of_the_simulator_docs():
@@ -510,7 +548,9 @@ ROLE_DEFAULTS = {
 
 
 def _cells(line: str) -> list[str]:
-    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+    """A table row's cells; `\\|` is a pipe inside a cell (as in a Jinja default)."""
+    cells = re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|"))
+    return [cell.strip().replace("\\|", "|") for cell in cells]
 
 
 def documented_defaults() -> list[tuple[str, str, str]]:
@@ -542,12 +582,293 @@ def test_every_default_a_table_states_is_the_roles(doc, name, value):
     """A page's table that gives a role variable and its value must give the role's default: a default changed in
     the role and not in the page fails here."""
     default = ROLE_DEFAULTS[name]
-    stated = yaml.safe_load(value) if value not in ("", "null") else None
-    if isinstance(default, str) and "{{" in default:
+    if isinstance(default, str) and "{{" not in default:  # `1.30` is the text 1.30, not the number 1.3
+        assert value in (default, json.dumps(default)), f"{doc}: {name} is `{value}`, the role's default is `{default}`"
+    elif isinstance(default, str):
         # A computed default may be written as its template or as the bare expression inside it.
         inner = re.fullmatch(r"\{\{\s*(.*?)\s*\}\}", default.strip())
         assert value in (default.strip(), inner and inner.group(1)), (
             f"{doc}: {name} is `{value}`, the role's default is `{default.strip()}`"
         )
     else:
+        stated = yaml.safe_load(value) if value not in ("", "null") else None
         assert stated == default, f"{doc}: {name} is `{value}`, the role's default is `{default}`"
+
+
+# --- the values a role renders: GPUScore's args --------------------------------------------------------------
+
+
+def _jinja():
+    import jinja2
+    from jinja2.nativetypes import NativeEnvironment
+
+    env = NativeEnvironment(undefined=jinja2.StrictUndefined)
+    env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("true", "yes", "1", "on")
+    return env
+
+
+UNRENDERED = object()
+
+
+def _render(env, value, context: dict):
+    """value rendered against context, or UNRENDERED when it needs more than Jinja's own filters and `bool` (a
+    collection filter, an inventory variable) or names a default still a template."""
+    if not (isinstance(value, str) and "{{" in value):
+        return value
+    try:
+        rendered = env.from_string(value.strip()).render(context)
+    except Exception:
+        return UNRENDERED
+    return UNRENDERED if isinstance(rendered, str) and "{{" in rendered else rendered
+
+
+def _rendered_defaults() -> dict:
+    """The roles' defaults with their templates rendered against each other, as Ansible would with an inventory
+    that sets none of them; one that cannot be rendered here stays a template."""
+    env, values = _jinja(), dict(ROLE_DEFAULTS)
+    for _ in range(6):  # chains of defaults are a few deep
+        for name, value in values.items():
+            rendered = _render(env, value, values)
+            if rendered is not UNRENDERED:
+                values[name] = rendered
+    return values
+
+
+def _plugin_args() -> dict:
+    """GPUScore's args as the kube_scheduler role writes them with the roles' defaults (the ones it can render)."""
+    env, rendered = _jinja(), _rendered_defaults()
+    args = {}
+    for arg, template in rendered["kube_scheduler_plugin_args"].items():
+        value = _render(env, template, rendered)
+        if value is not UNRENDERED:
+            args[arg] = value
+    return args
+
+
+PLUGIN_ARGS = _plugin_args()
+
+
+def documented_plugin_args() -> list[tuple[str, str, str]]:
+    """(page, arg, value) for every table row whose first cell is a GPUScore arg and whose `default` cell is one
+    literal: what the kube_scheduler role writes into the plugin's args."""
+    rows = []
+    for doc in DOCS:
+        column = None
+        for line in (REPO / doc).read_text(encoding="utf-8").splitlines():
+            if not line.startswith("|"):
+                column = None
+                continue
+            cells = _cells(line)
+            if column is None:
+                lowered = [c.lower() for c in cells]
+                column = next((i for i, c in enumerate(lowered) if c.startswith("default")), -1)
+                continue
+            if column < 0 or column >= len(cells) or set(line) <= set("|-: "):
+                continue
+            name = re.fullmatch(r"`([a-zA-Z]+)`", cells[0])
+            value = re.fullmatch(r"`([^`]*)`", cells[column])
+            setting = re.match(r"`([A-Z_]+)`", cells[1]) if len(cells) > 1 else None
+            if name and value and name.group(1) in PLUGIN_ARGS:
+                rows.append((doc, name.group(1), setting and setting.group(1), value.group(1)))
+    return rows
+
+
+def test_the_plugin_args_the_role_writes_are_rendered():
+    # The table's check below would check nothing if the defaults stopped rendering.
+    assert {"metricsMaxAgeSeconds", "gpuUtilThreshold", "prometheusURL"} <= set(PLUGIN_ARGS), PLUGIN_ARGS
+    assert {row[1] for row in documented_plugin_args()} >= {"metricsMaxAgeSeconds", "prometheusURL"}
+
+
+@pytest.mark.parametrize(("doc", "arg", "setting", "value"), documented_plugin_args(), ids=lambda x: str(x))
+def test_every_plugin_arg_a_table_states_is_what_the_role_writes(doc, arg, setting, value):
+    written = PLUGIN_ARGS[arg]
+    if written is None:  # the role leaves it to the plugin, whose default is the extender's (k8s/gpuscore/args.go)
+        from gpufleet_extender.config import Settings
+
+        assert setting, f"{doc}: {arg}: the role writes null; the row names no extender setting to take it from"
+        written = Settings.model_fields[setting].default
+    assert yaml.safe_load(value) == written, f"{doc}: {arg} is `{value}`, the role writes {written!r}"
+
+
+# --- schemes: what the roles accept ------------------------------------------------------------------------------
+
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
+def _prose_and_blocks(doc: str) -> list[tuple[int, str]]:
+    return list(enumerate((REPO / doc).read_text(encoding="utf-8").splitlines(), 1))
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_no_example_reaches_another_host_over_http(doc):
+    """The roles refuse an http:// Prometheus (unless a lab opts out) and the scheduler reaches the extender over
+    https: an example that sends a URL or token over plain http to another host shows what the roles refuse. Only a
+    loopback address (a port-forward, the extender's own development default) may be http://."""
+    wrong = []
+    for number, line in _prose_and_blocks(doc):
+        for url in re.findall(r"http://[^\s`'\")>,]+", line):
+            host = re.match(r"http://(\[[^\]]*\]|[^/:]+)", url).group(1)
+            if host not in LOOPBACK:
+                wrong.append(f"{doc}:{number}: {url}")
+        if re.search(r"enableHTTPS:\s*false", line):
+            wrong.append(f"{doc}:{number}: enableHTTPS: false (the kube_scheduler role writes https)")
+    assert not wrong, "examples over http where the roles accept https only:\n" + "\n".join(wrong)
+
+
+# --- figures cited from another page ---------------------------------------------------------------------------
+
+FIGURE = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def _anchor(heading: str) -> str:
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _section(path: Path, anchor: str | None) -> str:
+    text = path.read_text(encoding="utf-8")
+    if not anchor:
+        return text
+    lines, out, level = text.splitlines(), [], None
+    for line in lines:
+        heading = re.match(r"^(#+) (.+)$", line)
+        if heading and level is not None and len(heading.group(1)) <= level:
+            break
+        if level is not None:
+            out.append(line)
+        if heading and level is None and _anchor(heading.group(2)) == anchor:
+            level = len(heading.group(1))
+    assert level is not None, f"{path.name} has no section #{anchor}"
+    return "\n".join(out)
+
+
+def cited_figures() -> list[tuple[str, str, str]]:
+    """(page, link text, target) for every link to another Markdown page whose text holds a figure: the way a page
+    cites a figure another page measured, `[2.0 s against 14.6 s](kube_scheduler.md#metrics-at-fleet-scale)`."""
+    found = []
+    for doc in DOCS:
+        for text, target in re.findall(r"\[([^\]]*\d[^\]]*)\]\(([^)\s]+\.md(?:#[^)\s]*)?)\)", (REPO / doc).read_text()):
+            if FIGURE.search(text) and not target.startswith("http"):
+                found.append((doc, text, target))
+    return found
+
+
+@pytest.mark.parametrize(("doc", "text", "target"), cited_figures(), ids=lambda x: str(x))
+def test_every_figure_cited_from_another_page_is_that_pages(doc, text, target):
+    path, _, anchor = target.partition("#")
+    section = _section((REPO / doc).parent / path, anchor or None)
+    missing = [
+        figure for figure in FIGURE.findall(text) if not re.search(rf"(?<![\d.,]){re.escape(figure)}(?![\d])", section)
+    ]
+    assert not missing, f"{doc}: [{text}]({target}): {missing} not in {target}"
+
+
+# --- the variables reference -----------------------------------------------------------------------------------
+
+
+def test_the_variables_reference_is_what_the_argument_specs_give():
+    """docs/reference/variables.md is generated (`make varref`): a spec or default changed without it fails here."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools/varref.py")], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    reference = (REPO / "docs/reference/variables.md").read_text()
+    for path in ROLES.glob("*/meta/argument_specs.yml"):
+        for point in yaml.safe_load(path.read_text())["argument_specs"].values():
+            for name in point.get("options") or {}:
+                assert f"| `{name}` |" in reference, f"{name} ({path}) is not in the reference"
+
+
+# --- links, the index, file names ------------------------------------------------------------------------------
+
+LINK = re.compile(r"\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces to `-`."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    anchors, seen, inblock = set(), {}, False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            inblock = not inblock
+        heading = None if inblock else re.match(r"^#{1,6} (.+)$", line)
+        if heading:
+            slug = _slug(heading.group(1))
+            anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def _links(doc: str) -> list[tuple[int, str]]:
+    found, inblock = [], False
+    for number, line in enumerate((REPO / doc).read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("```"):
+            inblock = not inblock
+            continue
+        if not inblock:
+            prose = re.sub(r"`[^`]*`", "", line)  # a link written as code is not a link
+            found += [(number, target) for target in LINK.findall(prose)]
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_link_resolves(doc):
+    """Every relative link of README.md and docs/ names a file that exists, and a heading of it when it names one."""
+    broken = []
+    for number, target in _links(doc):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (REPO / doc).parent / path if path else REPO / doc
+        if not resolved.exists():
+            broken.append(f"{doc}:{number}: {target}: no such file")
+        elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+            broken.append(f"{doc}:{number}: {target}: {path or doc} has no heading #{anchor}")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_page_is_reachable_from_the_index():
+    """From README.md, following links, a reader reaches every page of docs/ and the extender's README."""
+    reached, queue = set(), ["README.md"]
+    while queue:
+        doc = queue.pop()
+        if doc in reached:
+            continue
+        reached.add(doc)
+        for _, target in _links(doc):
+            path = target.partition("#")[0]
+            if path.endswith(".md") and not re.match(r"^[a-z]+:", path):
+                resolved = ((REPO / doc).parent / path).resolve()
+                if resolved.is_file() and REPO in resolved.parents:
+                    queue.append(str(resolved.relative_to(REPO)))
+    unreachable = sorted(set(DOCS) - reached)
+    assert not unreachable, f"pages no link from README.md leads to: {unreachable}"
+
+
+def test_docs_file_names_follow_one_rule():
+    """Lower case, words joined by `_`: the roles' own rule (mig_partition.md, kube_scheduler.md)."""
+    wrong = [
+        str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*") if not re.fullmatch(r"[a-z0-9_]+(\.md)?", p.name)
+    ]
+    assert not wrong, f"docs/ names outside the rule [a-z0-9_]: {wrong}"
+
+
+# --- what the generated artefacts say about themselves ---------------------------------------------------------
+
+
+def test_every_dashboard_panel_and_alert_says_what_it_shows():
+    """An operator reading the dashboard or Prometheus' alerts sees what each computes and why, without the docs."""
+    dashboard = json.loads((ROLES / "monitoring/files/gpufleet-fleet-dashboard.json").read_text())
+
+    def panels(items):
+        for item in items:
+            yield item
+            yield from panels(item.get("panels", []))
+
+    silent = [p["title"] for p in panels(dashboard["panels"]) if p["type"] != "row" and not p.get("description")]
+    assert not silent, f"dashboard panels without a description: {silent}"
+    rules = yaml.safe_load((ROLES / "monitoring/files/gpufleet-alerts.rules.yml").read_text())
+    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts and all(r["annotations"].get("description") for r in alerts), "an alert without a description"

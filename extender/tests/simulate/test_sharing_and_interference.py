@@ -164,11 +164,11 @@ def test_time_sliced_pods_slow_down_only_when_their_device_is_oversubscribed():
 
 
 def test_the_role_deploys_the_device_plugin_the_model_is_pinned_to():
-    """The plugin model and docs/simulator.md cite k8s-device-plugin v0.17.1's source; a new version in the role must
-    be read again (and this pin moved) before the model may claim to be the deployed one."""
+    """The plugin model and docs/design/simulator.md cite k8s-device-plugin v0.17.1's source; a new version in the role
+    must be read again (and this pin moved) before the model may claim to be the deployed one."""
     defaults = (REPO / "roles" / "gpu_device_plugin" / "defaults" / "main.yml").read_text(encoding="utf-8")
     assert "gpu_device_plugin_image: nvcr.io/nvidia/k8s-device-plugin:v0.17.1\n" in defaults
-    docs = (REPO / "docs" / "simulator.md").read_text(encoding="utf-8")
+    docs = (REPO / "docs" / "design" / "simulator.md").read_text(encoding="utf-8")
     for cited in ("v0.17.1", "internal/rm/allocate.go", "distributedAlloc", "getPreferredAllocation"):
         assert cited in docs, cited
 

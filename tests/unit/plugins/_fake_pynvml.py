@@ -1,7 +1,7 @@
 """NVML at the level of nvidia-ml-py's calls, served from a simulator state file, for running the real wrapper
 (PynvmlBackend) and the modules on it; and an `nvidia-smi` stand-in that resets GPUs in the same state file.
 
-What NVML does below the wrapper's interface, and the simulator's state records (docs/nvml-simulator.md):
+What NVML does below the wrapper's interface, and the simulator's state records (docs/nvml_simulator.md):
 - every call is checked against the installed pynvml: the function must exist and the arguments bind to it;
 - nvmlInit / nvmlShutdown: calls outside a session fail with UNINITIALIZED, and while a session is open it counts as
   a client of the GPUs, so the stand-in `nvidia-smi --gpu-reset` refuses ("In use by another client") as the real
