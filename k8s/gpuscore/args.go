@@ -52,6 +52,9 @@ type Args struct {
 	// INTERFERENCE_WEIGHT: under spread, how much the load of a node's other devices lowers an exclusive
 	// resource's score (0: not at all).
 	InterferenceWeight float64 `json:"interferenceWeight"`
+	// SHARED_MEM_FREE_MIN: share of a time-sliced device's memory that must be free on every device the device
+	// plugin may hand the pod (0: off).
+	SharedMemFreeMin float64 `json:"sharedMemFreeMin"`
 	// PROMETHEUS_QUERY: recorded (the dcgm_exporter role's recording rules, one series per device) | raw.
 	PrometheusQuery string `json:"prometheusQuery"`
 }
@@ -82,6 +85,7 @@ func DefaultArgs() Args {
 		AutoHysteresis:             0.1,
 		SharedResources:            map[string]int{},
 		InterferenceWeight:         0,
+		SharedMemFreeMin:           0,
 		PrometheusQuery:            QueryRaw,
 	}
 }
@@ -228,6 +232,7 @@ func (a *Args) problems() []string {
 	inRange("autoPackBelow", a.AutoPackBelow, 0, 1, true, true)
 	inRange("autoHysteresis", a.AutoHysteresis, 0, 1, false, true)
 	inRange("interferenceWeight", a.InterferenceWeight, 0, 10, false, false)
+	inRange("sharedMemFreeMin", a.SharedMemFreeMin, 0, 1, false, true)
 	var wrongNames []string
 	for _, resource := range sortedKeys(a.SharedResources) {
 		if resource != WholeGPUResource && !strings.HasPrefix(resource, MIGResourcePrefix) {
@@ -304,6 +309,7 @@ func (a *Args) Policy() Policy {
 		// Replicas 1 is an exclusive device: only resources with more are judged the shared way.
 		SharedResources:    maps.Clone(a.SharedResources),
 		InterferenceWeight: a.InterferenceWeight,
+		SharedMemFreeMin:   a.SharedMemFreeMin,
 	}
 }
 

@@ -66,6 +66,8 @@ type Policy struct {
 	SharedResources map[string]int
 	// InterferenceWeight: spread subtracts it times the load of the node's other devices (0: off).
 	InterferenceWeight float64
+	// SharedMemFreeMin: share of memory that must be free on each device a time-sliced pod may get (0: off).
+	SharedMemFreeMin float64
 }
 
 // replicasOf is the time-slicing replicas of resource (1: exclusive devices).
@@ -287,6 +289,12 @@ func belowThresholds(d Device, p *Policy) bool {
 	return d.Util < p.GPUUtilThreshold && (!d.HasMem || d.Mem < p.MemUtilThreshold)
 }
 
+// shortOfMemory is a shared device with less than SharedMemFreeMin of its memory free (scoring.short_of_memory):
+// one more replica may run out of memory. False when the rule is off or the sample has no memory figures.
+func shortOfMemory(d Device, p *Policy) bool {
+	return p.SharedMemFreeMin > 0 && d.HasMem && 1.0-d.Mem < p.SharedMemFreeMin
+}
+
 // byLoad returns the devices least-loaded first, ties broken by key (Python sorts (load, key) tuples).
 func byLoad(devices []Device, p *Policy) []Device {
 	type keyed struct {
@@ -481,6 +489,17 @@ func evaluateShared(node string, devices []Device, want ResourceRequest, p *Poli
 			if reasons {
 				reason = fmt.Sprintf("%s: the device plugin may share a busy %s %s (%s: %s; %s pod(s), %d equally used)",
 					node, want.Resource, deviceWord(want.Resource), d.Key, figures(d, p), pyPods(d), len(candidates))
+			}
+			return Verdict{false, MinScore, OutcomeOverloaded, reason}, true
+		}
+	}
+	for _, i := range candidates {
+		if d := devices[i]; shortOfMemory(d, p) { // its pods would share the little memory left: CUDA out-of-memory
+			reason := ""
+			if reasons {
+				reason = fmt.Sprintf("%s: the device plugin may share a %s %s short of memory (%s: mem %.2f, less than "+
+					"SHARED_MEM_FREE_MIN %s free; %s pod(s))",
+					node, want.Resource, deviceWord(want.Resource), d.Key, d.Mem, pyG(p.SharedMemFreeMin), pyPods(d))
 			}
 			return Verdict{false, MinScore, OutcomeOverloaded, reason}, true
 		}

@@ -53,6 +53,7 @@ ARG_NAMES = {
     "AUTO_HYSTERESIS": "autoHysteresis",
     "SHARED_RESOURCES": "sharedResources",
     "INTERFERENCE_WEIGHT": "interferenceWeight",
+    "SHARED_MEM_FREE_MIN": "sharedMemFreeMin",
     "PROMETHEUS_QUERY": "prometheusQuery",
 }
 SETTING_NAMES = {arg: setting for setting, arg in ARG_NAMES.items()}

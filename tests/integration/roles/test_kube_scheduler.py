@@ -350,6 +350,12 @@ def test_plugin_mode_renders_shared_resources_and_the_interference_weight(tmp_pa
         render_roles([ROLE], tmp_path / "follows", extra_vars={"gpu_extender_interference_weight": 2})
     )
     assert follows["profiles"][0]["pluginConfig"][0]["args"]["interferenceWeight"] == 2.0
+    # The shared-memory rule likewise: off (0.0, a float) unless the extender's variable sets it.
+    assert type(args["sharedMemFreeMin"]) is float and args["sharedMemFreeMin"] == 0.0
+    guarded = scheduler_config(
+        render_roles([ROLE], tmp_path / "guarded", extra_vars={"gpu_extender_shared_mem_free_min": 0.35})
+    )
+    assert guarded["profiles"][0]["pluginConfig"][0]["args"]["sharedMemFreeMin"] == 0.35
     extra = {
         "kube_scheduler_plugin_shared_resources": {"nvidia.com/mig-1g.10gb": 4, "nvidia.com/gpu": "2"},
         "kube_scheduler_plugin_interference_weight": 1,
