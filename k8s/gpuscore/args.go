@@ -59,10 +59,11 @@ type Args struct {
 	PrometheusQuery string `json:"prometheusQuery"`
 }
 
-// maxReplicas bounds SHARED_RESOURCES' replicas as the extender's Settings does.
+// maxReplicas bounds SHARED_RESOURCES' replicas (the settings contract's range, as the extender's).
 const maxReplicas = 64
 
-// DefaultArgs are the extender's defaults (config.Settings).
+// DefaultArgs are the settings contract's defaults (extender/src/gpufleet_extender/settings_contract.json, which the
+// extender reads; contract_test.go holds these and Validate's ranges and choices to it).
 func DefaultArgs() Args {
 	return Args{
 		PrometheusURL:              "http://127.0.0.1:9090",

@@ -48,6 +48,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE, GpuRequest, ResourceRequest
+from gpufleet_extender.settings_contract import default
 from gpufleet_extender.snapshot import DeviceMetrics, MetricsSnapshot, NodeMetrics
 
 MIN_SCORE = 0
@@ -105,21 +106,28 @@ class PolicySettings(Protocol):
     def SHARED_MEM_FREE_MIN(self) -> float: ...
 
 
+_DEFAULT_STRATEGY = Strategy(default("SCORING_STRATEGY"))
+_DEFAULT_SHARED: tuple[tuple[str, int], ...] = tuple(sorted(default("SHARED_RESOURCES").items()))
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
-    gpu_util_threshold: float = 0.8
-    mem_util_threshold: float = 0.9
-    weight_gpu_util: float = 0.7
-    weight_mem_util: float = 0.3
-    max_age_seconds: float = 30.0  # 0: samples never go stale
-    deny_missing: bool = False  # ON_MISSING_METRICS=deny
-    strategy: Strategy = Strategy.SPREAD
-    pack_target_util: float = 0.6  # PACK_TARGET_UTIL
-    auto_pack_below: float = 0.4  # AUTO_PACK_BELOW
-    auto_hysteresis: float = 0.1  # AUTO_HYSTERESIS: auto spreads only above AUTO_PACK_BELOW + this
-    shared_resources: tuple[tuple[str, int], ...] = ()  # SHARED_RESOURCES: (resource, time-slicing replicas)
-    interference_weight: float = 0.0  # INTERFERENCE_WEIGHT: 0 = spread ignores the node's other devices
-    shared_mem_free_min: float = 0.0  # SHARED_MEM_FREE_MIN: memory share free on each shared candidate (0 = off)
+    """What a verdict depends on besides its inputs; the defaults are the settings contract's."""
+
+    gpu_util_threshold: float = default("GPU_UTIL_THRESHOLD")
+    mem_util_threshold: float = default("MEM_UTIL_THRESHOLD")
+    weight_gpu_util: float = default("WEIGHT_GPU_UTIL")
+    weight_mem_util: float = default("WEIGHT_MEM_UTIL")
+    max_age_seconds: float = default("METRICS_MAX_AGE_SECONDS")  # 0: samples never go stale
+    deny_missing: bool = default("ON_MISSING_METRICS") == "deny"  # ON_MISSING_METRICS=deny
+    strategy: Strategy = _DEFAULT_STRATEGY
+    pack_target_util: float = default("PACK_TARGET_UTIL")  # PACK_TARGET_UTIL
+    auto_pack_below: float = default("AUTO_PACK_BELOW")  # AUTO_PACK_BELOW
+    auto_hysteresis: float = default("AUTO_HYSTERESIS")  # AUTO_HYSTERESIS: auto spreads above AUTO_PACK_BELOW + this
+    # SHARED_RESOURCES: (resource, time-slicing replicas)
+    shared_resources: tuple[tuple[str, int], ...] = _DEFAULT_SHARED
+    interference_weight: float = default("INTERFERENCE_WEIGHT")  # INTERFERENCE_WEIGHT: 0 = spread ignores other devices
+    shared_mem_free_min: float = default("SHARED_MEM_FREE_MIN")  # SHARED_MEM_FREE_MIN: memory share free (0 = off)
 
     @classmethod
     def from_settings(cls, settings: PolicySettings) -> Policy:
