@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 const contractFile = "../../extender/src/gpufleet_extender/settings_contract.json"
@@ -170,7 +172,7 @@ func sameJSON(goValue, contractValue json.RawMessage, kind string) bool {
 
 func TestArgsAreTheSettingsContracts(t *testing.T) {
 	contract := loadContract(t)
-	validate := func(a Args) []string { return a.problems() }
+	validate := func(a Args) []string { return Problems(ValidateArgs(nil, &a)) }
 	for _, mismatch := range contractMismatches(contract, DefaultArgs(), validate) {
 		t.Error(mismatch)
 	}
@@ -179,7 +181,7 @@ func TestArgsAreTheSettingsContracts(t *testing.T) {
 // The check above fails when one side changes alone: a default, a range end, a choice, an arg of its own.
 func TestTheContractCheckCatchesAChangeOnOneSide(t *testing.T) {
 	contract := loadContract(t)
-	validate := func(a Args) []string { return a.problems() }
+	validate := func(a Args) []string { return Problems(ValidateArgs(nil, &a)) }
 	changedDefault := maps.Clone(contract)
 	entry := changedDefault["GPU_UTIL_THRESHOLD"]
 	entry.Default = json.RawMessage("0.75")
@@ -212,5 +214,45 @@ func TestTheContractCheckCatchesAChangeOnOneSide(t *testing.T) {
 		if !slices.Contains(got, c.want) || len(got) != 1 {
 			t.Errorf("%s changed: got %q, want exactly %q", c.name, got, c.want)
 		}
+	}
+}
+
+// ValidateArgs returns every error at once, each with its field path (under a given root too), and Problems says
+// them in the extender's words.
+func TestValidateArgsReturnsEveryErrorWithItsFieldPath(t *testing.T) {
+	args := DefaultArgs()
+	args.GPUUtilThreshold = 1.5
+	args.NodeNameLabels = nil
+	args.SharedResources = map[string]int{WholeGPUResource: 65}
+	args.WeightGPUUtil, args.WeightMemUtil = 0.5, 0.4
+	args.ScoringStrategy = "balanced"
+	errs := ValidateArgs(field.NewPath("pluginConfig").Index(0).Child("args"), &args)
+	var paths []string
+	for _, err := range errs {
+		paths = append(paths, err.Type.String()+" "+err.Field)
+	}
+	want := []string{
+		"Invalid value pluginConfig[0].args.gpuUtilThreshold",
+		"Invalid value pluginConfig[0].args.sharedResources[nvidia.com/gpu]",
+		"Required value pluginConfig[0].args.nodeNameLabels",
+		"Invalid value pluginConfig[0].args.scoringStrategy",
+		"Forbidden pluginConfig[0].args.weightMemUtil",
+	}
+	if !slices.Equal(paths, want) {
+		t.Errorf("errors at %q, want %q", paths, want)
+	}
+	problems := Problems(ValidateArgs(nil, &args))
+	wantProblems := []string{
+		"gpuUtilThreshold: 1.5 is not in (0, 1]",
+		"sharedResources: nvidia.com/gpu: 65 replicas is not in [1, 64]",
+		"nodeNameLabels: needs at least one label name, e.g. Hostname,hostname",
+		`scoringStrategy: must be spread, pack or auto (got "balanced")`,
+		"weightGPUUtil + weightMemUtil must be 1.0 (got 0.5 + 0.4 = 0.9)",
+	}
+	if !slices.Equal(problems, wantProblems) {
+		t.Errorf("problems %q, want %q", problems, wantProblems)
+	}
+	if errs := ValidateArgs(nil, new(DefaultArgs())); len(errs) != 0 {
+		t.Errorf("the defaults are refused: %v", errs)
 	}
 }

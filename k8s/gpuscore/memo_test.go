@@ -66,14 +66,14 @@ func TestMemoizedVerdictsEqualComputed(t *testing.T) {
 			rng.Shuffle(len(questions), func(i, j int) { questions[i], questions[j] = questions[j], questions[i] })
 			for _, q := range questions {
 				metrics := snapshot.Nodes[q.node]
-				want := EvaluateNode(q.node, unranked.Nodes[q.node], q.request, &policy, 100, q.assumed, q.modes)
+				want := evaluateNode(q.node, unranked.Nodes[q.node], q.request, &policy, 100, q.assumed, q.modes, true)
 				got := evaluateNode(q.node, metrics, q.request, &policy, 100, q.assumed, q.modes, false)
 				if got.Passed != want.Passed || got.Score != want.Score || got.Outcome != want.Outcome || got.Reason != "" {
 					t.Fatalf("interference %g, round %d, %s %v assumed %v modes %v: memoized %+v, computed %+v",
 						interference, round, q.node, q.request, q.assumed, q.modes, got, want)
 				}
 				// Filter asks again with the reason text when a node fails: from the memo too, word for word.
-				if explained := EvaluateNode(q.node, metrics, q.request, &policy, 100, q.assumed, q.modes); explained != want {
+				if explained := evaluateNode(q.node, metrics, q.request, &policy, 100, q.assumed, q.modes, true); explained != want {
 					t.Fatalf("interference %g, round %d, %s %v assumed %v modes %v: memoized with reasons %+v, computed %+v",
 						interference, round, q.node, q.request, q.assumed, q.modes, explained, want)
 				}

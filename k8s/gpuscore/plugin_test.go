@@ -70,8 +70,8 @@ func nodeInfo(name string, labels map[string]string) fwk.NodeInfo {
 
 func testPlugin(t *testing.T, args Args, source Source, now float64) *GPUScore {
 	t.Helper()
-	if err := args.Validate(); err != nil {
-		t.Fatal(err)
+	if errs := ValidateArgs(nil, &args); len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
 	}
 	g := newPlugin(args, source)
 	g.clock = func() float64 { return now }
@@ -130,7 +130,7 @@ func TestFilterRefusesNodesAtTheThresholdAndScoreScalesTheExtenderScore(t *testi
 			t.Fatalf("%s refused", node)
 		}
 		score, _ := g.Score(ctx, state, pod, nodeInfo(node, nil))
-		verdict := EvaluateNode(node, source.snapshot.Nodes[node], PodGPURequest(pod), &g.policy, now, nil, nil)
+		verdict := evaluateNode(node, source.snapshot.Nodes[node], PodGPURequest(pod), &g.policy, now, nil, nil, true)
 		if score != int64(verdict.Score)*10 || score != want {
 			t.Errorf("%s: score %d, extender %d x 10, want %d", node, score, verdict.Score, want)
 		}

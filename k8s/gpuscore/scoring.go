@@ -632,16 +632,11 @@ func evaluateResource(node string, metrics *NodeMetrics, ranked []Device, want R
 	return Verdict{true, score, OutcomePass, fmt.Sprintf("%s: spread%s: %s score %d", node, strategy, want.Resource, score)}
 }
 
-// EvaluateNode is the filter verdict and score of node for a pod asking for request (scoring.evaluate_node).
+// evaluateNode is the filter verdict and score of node for a pod asking for request (scoring.evaluate_node).
 // metrics is nil for a node without metrics; assumed counts in-flight pods' devices per resource; modes is
-// auto's choice per resource (fixed strategies ignore it).
-func EvaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, p *Policy, now float64,
-	assumed map[string]int, modes map[string]Mode) Verdict {
-	return evaluateNode(node, metrics, request, p, now, assumed, modes, true)
-}
-
-// evaluateNode without reasons (Reason ""; everything else equal) is the scheduling path's: the reason text is
-// only read when a node fails the filter, so it is built then and not for every node and pod.
+// auto's choice per resource (fixed strategies ignore it). Without reasons (Reason ""; everything else equal) it is
+// the scheduling path's: the reason text is only read when a node fails the filter, so it is built then and not
+// for every node and pod.
 func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, p *Policy, now float64,
 	assumed map[string]int, modes map[string]Mode, reasons bool) Verdict {
 	if len(request) == 0 {

@@ -113,11 +113,11 @@ func mustUnmarshal(t *testing.T, raw json.RawMessage, into any) {
 }
 
 func decodeArgs(raw json.RawMessage) (Args, error) {
-	args, err := DecodeArgs(&runtime.Unknown{Raw: raw, ContentType: runtime.ContentTypeJSON})
-	if err == nil {
-		err = args.Validate()
+	args, problems := readArgs(&runtime.Unknown{Raw: raw, ContentType: runtime.ContentTypeJSON})
+	if len(problems) == 0 {
+		problems = Problems(ValidateArgs(nil, &args))
 	}
-	return args, err
+	return args, joined(problems)
 }
 
 func snapshotOf(t *testing.T, nodes []vectorNode) *Snapshot {
@@ -194,7 +194,7 @@ func TestVectorsDecisions(t *testing.T) {
 			mustUnmarshal(t, c.Expect[name][1], &want.Score)
 			mustUnmarshal(t, c.Expect[name][2], &want.Outcome)
 			mustUnmarshal(t, c.Expect[name][3], &want.Reason)
-			// The plugin's verdict(): tenant rule, then EvaluateNode.
+			// The plugin's verdict(): tenant rule, then evaluateNode.
 			var got Verdict
 			reason := ""
 			if c.Tenants != nil {
@@ -207,8 +207,8 @@ func TestVectorsDecisions(t *testing.T) {
 			if reason != "" {
 				got = Verdict{false, MinScore, OutcomeTenantMismatch, reason}
 			} else {
-				got = EvaluateNode(name, snapshot.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes)
-				if fromRanked := EvaluateNode(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes); fromRanked != got {
+				got = evaluateNode(name, snapshot.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes, true)
+				if fromRanked := evaluateNode(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes, true); fromRanked != got {
 					t.Errorf("decisions[%d] node %s: ranked snapshot gives %+v, unranked %+v", i, name, fromRanked, got)
 				}
 				// The scheduling path's form: the same verdict without the reason text.

@@ -1,7 +1,7 @@
 """The GPUScore kube-scheduler plugin's args, checked by the extender's own rules: ``gpufleet-extender check-config
 --plugin-args`` (how the kube_scheduler role checks the pluginConfig it is about to deploy).
 
-The plugin (k8s/gpuscore/args.go) takes the extender's settings under camelCase names (``ARG_NAMES``), decoded
+The plugin (k8s/gpuscore/args_*.go) takes the extender's settings under camelCase names (``ARG_NAMES``), decoded
 strictly from JSON. Here the args are first checked for JSON types as the plugin decodes them (an unknown name or a
 wrong type is one problem each, and that argument keeps its default), then validated by ``config.Settings``: the
 ranges, choices and rules between settings are the extender's, written once there. The problems come out in the
