@@ -54,7 +54,7 @@ var (
 
 // New builds GPUScore from its args; invalid args stop the scheduler with the list of problems.
 func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
-	args, metrics, err := startMetrics(ctx, obj, Name)
+	args, metrics, err := StartMetrics(ctx, obj, Name)
 	if err != nil {
 		return nil, err
 	}
