@@ -1,7 +1,8 @@
 package gpuscore
 
-// The load half of GPUClaimScore (k8s/gpuclaimscore): scoring.py's claim_load_verdict and claim_score, checked through the
-// "claims" section of testdata/vectors.json. The rule is GPUScore's own (evaluateNode); only the request differs.
+// The load half of GPUClaimScore (k8s/plugins/gpuclaimscore): scoring.py's claim_load_verdict and claim_score,
+// checked through the "claims" section of testdata/vectors.json. The rule is GPUScore's own (Evaluate); only the
+// request differs.
 
 import (
 	fwk "k8s.io/kube-scheduler/framework"
@@ -18,7 +19,7 @@ const ClaimLoadWeight = 5
 // instances, in the snapshot's resource order) pooled into one request for all of them.
 func ClaimLoadVerdict(node string, metrics *NodeMetrics, p *Policy, now float64, modes map[string]Mode, reasons bool) Verdict {
 	if metrics == nil {
-		return evaluateNode(node, nil, []ResourceRequest{{ClaimLoadResource, 1}}, p, now, nil, modes, reasons)
+		return Evaluate(node, nil, []ResourceRequest{{ClaimLoadResource, 1}}, p, now, nil, modes, reasons)
 	}
 	resources := metrics.Resources
 	if resources == nil {
@@ -34,7 +35,7 @@ func ClaimLoadVerdict(node string, metrics *NodeMetrics, p *Policy, now float64,
 		Devices:    map[string][]Device{ClaimLoadResource: devices},
 		Resources:  []string{ClaimLoadResource},
 	}
-	return evaluateNode(node, pooled, []ResourceRequest{{ClaimLoadResource, len(devices)}}, p, now, nil, modes, reasons)
+	return Evaluate(node, pooled, []ResourceRequest{{ClaimLoadResource, len(devices)}}, p, now, nil, modes, reasons)
 }
 
 // ClaimNodeScore is scoring.claim_score: the placement score (0..100) less ClaimLoadWeight per load point below

@@ -90,7 +90,7 @@ func (p *Policy) modeFor(resource string, modes map[string]Mode) Mode {
 	return ModeSpread
 }
 
-func (p *Policy) missingPolicyName() string {
+func (p *Policy) MissingPolicyName() string {
 	if p.DenyMissing {
 		return "deny"
 	}
@@ -386,7 +386,7 @@ func figures(d Device, p *Policy) string {
 func missing(node string, why func() string, p *Policy, reasons bool) Verdict {
 	reason := ""
 	if reasons {
-		reason = fmt.Sprintf("%s: %s (ON_MISSING_METRICS=%s)", node, why(), p.missingPolicyName())
+		reason = fmt.Sprintf("%s: %s (ON_MISSING_METRICS=%s)", node, why(), p.MissingPolicyName())
 	}
 	if p.DenyMissing {
 		return Verdict{false, MinScore, OutcomeMissingDenied, reason}
@@ -632,12 +632,12 @@ func evaluateResource(node string, metrics *NodeMetrics, ranked []Device, want R
 	return Verdict{true, score, OutcomePass, fmt.Sprintf("%s: spread%s: %s score %d", node, strategy, want.Resource, score)}
 }
 
-// evaluateNode is the filter verdict and score of node for a pod asking for request (scoring.evaluate_node).
+// Evaluate is the filter verdict and score of node for a pod asking for request (scoring.evaluate_node).
 // metrics is nil for a node without metrics; assumed counts in-flight pods' devices per resource; modes is
 // auto's choice per resource (fixed strategies ignore it). Without reasons (Reason ""; everything else equal) it is
 // the scheduling path's: the reason text is only read when a node fails the filter, so it is built then and not
 // for every node and pod.
-func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, p *Policy, now float64,
+func Evaluate(node string, metrics *NodeMetrics, request []ResourceRequest, p *Policy, now float64,
 	assumed map[string]int, modes map[string]Mode, reasons bool) Verdict {
 	if len(request) == 0 {
 		return noGPUVerdict

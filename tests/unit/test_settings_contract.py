@@ -1,7 +1,7 @@
 """The settings contract (extender/src/gpufleet_extender/settings_contract.json) against everything else that names a
 decision setting: the extender's Settings and Policy (which read it), the gpu_extender role's defaults, argument
 specs and ConfigMap template, the kube_scheduler role's GPUScore args and their fallbacks, and the extender's
-README table. GPUScore's args.go is checked against it by `go test ./gpuscore/` (contract_test.go).
+README table. GPUScore's args (k8s/gpuscore/args_*.go) are checked against it by `go test ./gpuscore/`.
 
 Each check runs over a repository tree, so the mutation tests below change one place in a copy and see it fail.
 """

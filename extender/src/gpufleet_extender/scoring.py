@@ -484,7 +484,7 @@ def evaluate_nodes(
     }
 
 
-# --- DRA claims (GPUClaimScore, k8s/gpuclaimscore; docs/dra.md) ---------------------------------------------------
+# --- DRA claims (GPUClaimScore, k8s/plugins/gpuclaimscore; docs/dra.md) -------------------------------------------
 # A DRA claim names no extended resource, and with DynamicMIG the instance it gets does not exist before the
 # allocation: the load a claim's node is judged by is the node's devices as dcgm-exporter reports them, whole GPUs
 # and MIG instances of every profile together, under GPUScore's rule (thresholds, weights, missing and stale

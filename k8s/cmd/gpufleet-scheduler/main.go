@@ -11,8 +11,8 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 
-	"github.com/gpufleet/mig/k8s/gpuclaimscore"
-	"github.com/gpufleet/mig/k8s/gpuscore"
+	"github.com/gpufleet/mig/k8s/plugins/gpuclaimscore"
+	"github.com/gpufleet/mig/k8s/plugins/gpuscore"
 )
 
 func main() {

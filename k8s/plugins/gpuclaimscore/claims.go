@@ -1,3 +1,4 @@
+// Package gpuclaimscore is GPUClaimScore, a kube-scheduler framework plugin for pods with DRA claims.
 package gpuclaimscore
 
 // GPUClaimScore: GPUScore for pods that get their GPUs through DRA ResourceClaims (NVIDIA's DRA driver with
@@ -23,10 +24,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/gpufleet/mig/k8s/gpuscore"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gpufleet/mig/k8s/gpumetrics"
+
+	"github.com/gpufleet/mig/k8s/gpuscore"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -63,7 +67,7 @@ type ClaimScore struct {
 	features structured.Features
 	celCache *cel.Cache
 	policy   gpuscore.Policy
-	metrics  *gpuscore.Refresher
+	metrics  *gpumetrics.Refresher
 	clock    func() float64
 }
 
@@ -75,19 +79,19 @@ var (
 // New builds the plugin from GPUScore's args (the same names, defaults and checks: the load rule is
 // GPUScore's); with equal args both plugins read one Refresher.
 func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
-	args, metrics, err := gpuscore.StartMetrics(ctx, obj, Name)
+	args, metrics, err := gpumetrics.StartMetrics(ctx, obj, Name)
 	if err != nil {
 		return nil, err
 	}
 	return newClaimScore(handle, args, metrics), nil
 }
 
-func newClaimScore(handle fwk.Handle, args gpuscore.Args, metrics *gpuscore.Refresher) *ClaimScore {
+func newClaimScore(handle fwk.Handle, args gpuscore.Args, metrics *gpumetrics.Refresher) *ClaimScore {
 	fts := feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
 	return &ClaimScore{
 		policy:   args.Policy(),
 		metrics:  metrics,
-		clock:    nowSeconds,
+		clock:    gpumetrics.Now,
 		handle:   handle,
 		features: dynamicresources.AllocatorFeatures(fts),
 		celCache: cel.NewCache(10, cel.Features{
@@ -113,8 +117,8 @@ type claimState struct {
 	claims    []*resourceapi.ResourceClaim
 	devices   map[structured.DeviceID]placement
 	occupied  map[gpuKey]sets.Set[int]
-	view      *gpuscore.View // GPUScore's metrics, one view for the cycle
-	now       float64        // the cycle's clock, for metrics age
+	view      *gpumetrics.View // GPUScore's metrics, one view for the cycle
+	now       float64          // the cycle's clock, for metrics age
 }
 
 func (s *claimState) Clone() fwk.StateData { return s }
@@ -313,5 +317,3 @@ func placementScore(loss, freeBefore int) int64 {
 }
 
 func (c *ClaimScore) ScoreExtensions() fwk.ScoreExtensions { return nil }
-
-func nowSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }

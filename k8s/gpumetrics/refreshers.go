@@ -1,4 +1,4 @@
-package gpuscore
+package gpumetrics
 
 // The Refreshers of the process: GPUScore and GPUClaimScore, each built by the scheduler framework from its own
 // args, share one Refresher when their args are the same, so that Prometheus is polled once. This registry is the
@@ -8,7 +8,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
+	"time"
+
+	"github.com/gpufleet/mig/k8s/gpuscore"
 
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -22,9 +26,9 @@ var (
 
 // sharedRefresher is the running Refresher for args, started (one poll, then the background loop) on first use.
 // source polls Prometheus for the first plugin built with args (prometheusSourceFor); a later one's is dropped.
-func sharedRefresher(ctx context.Context, args Args, source Source) *Refresher {
+func sharedRefresher(ctx context.Context, args gpuscore.Args, source Source) *Refresher {
 	key, err := json.Marshal(args)
-	if err != nil { // Args is plain data; cannot happen, but never share on a bad key
+	if err != nil { // gpuscore.Args is plain data; cannot happen, but never share on a bad key
 		key = nil
 	}
 	refreshersMu.Lock()
@@ -32,7 +36,7 @@ func sharedRefresher(ctx context.Context, args Args, source Source) *Refresher {
 	if r, ok := refreshers[string(key)]; ok && key != nil {
 		return r
 	}
-	r := NewRefresher(source, seconds(args.MetricsRefreshSeconds), args.Policy())
+	r := NewRefresher(source, Seconds(args.MetricsRefreshSeconds), args.Policy())
 	r.RefreshOnce(ctx) // one poll before the first pod, as the extender does before serving
 	go r.Run(ctx)
 	if key != nil {
@@ -43,33 +47,36 @@ func sharedRefresher(ctx context.Context, args Args, source Source) *Refresher {
 
 // prometheusSourceFor is the Prometheus source args describe: its CA pinned (read now: an unreadable file is an
 // args problem), its bearer token file re-read at each refresh, and the form it reads (prometheusQuery).
-func prometheusSourceFor(args Args) (*PrometheusSource, error) {
-	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, seconds(args.PrometheusTimeoutSeconds),
-		args.MetricsMaxClockSkewSeconds, ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
+func prometheusSourceFor(args gpuscore.Args) (*PrometheusSource, error) {
+	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, Seconds(args.PrometheusTimeoutSeconds),
+		args.MetricsMaxClockSkewSeconds, gpuscore.ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
 	if args.PrometheusCAFile != "" {
 		if err := source.PinCA(args.PrometheusCAFile); err != nil {
 			return nil, err
 		}
 	}
 	source.UseTokenFile(args.PrometheusTokenFile)
-	if args.PrometheusQuery == QueryRecorded {
+	if args.PrometheusQuery == gpuscore.QueryRecorded {
 		source.UseRecorded()
 	}
 	return source, nil
 }
 
 // StartMetrics parses a plugin's args (GPUScore's, for both plugins: GPUScore and GPUClaimScore) and returns them
-// with the Refresher they share. The CA file is read here, at start, and its problem listed with the others: a scheduler that would query
-// Prometheus unpinned, or not at all, does not start.
-func StartMetrics(ctx context.Context, obj runtime.Object, plugin string) (Args, *Refresher, error) {
-	args, problems := ParseArgs(obj)
+// with the Refresher they share. The CA file is read here, at start, and its problem listed with the others: a
+// scheduler that would query Prometheus unpinned, or not at all, does not start.
+func StartMetrics(ctx context.Context, obj runtime.Object, plugin string) (gpuscore.Args, *Refresher, error) {
+	args, problems := gpuscore.ParseArgs(obj)
 	source, err := prometheusSourceFor(args)
 	if err != nil {
 		problems = append(problems, err.Error())
 	}
-	if err := joined(problems); err != nil {
-		return args, nil, fmt.Errorf("invalid %s args: %w", plugin, err)
+	if len(problems) > 0 {
+		return args, nil, fmt.Errorf("invalid %s args: %s", plugin, strings.Join(problems, "; "))
 	}
 	RegisterMetrics()
 	return args, sharedRefresher(ctx, args, source), nil // polled once already, then in the background
 }
+
+// Seconds is a duration of s seconds (the args give durations as numbers).
+func Seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

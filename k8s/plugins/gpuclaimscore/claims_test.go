@@ -7,9 +7,11 @@ package gpuclaimscore
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/gpufleet/mig/k8s/gpuscore"
 	"os"
 	"testing"
+
+	"github.com/gpufleet/mig/k8s/gpumetrics"
+	"github.com/gpufleet/mig/k8s/gpuscore"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -110,7 +112,7 @@ func claimCycle(snapshot *gpuscore.Snapshot, now float64) (*claimState, map[stri
 	s := &claimState{
 		devices:  map[structured.DeviceID]placement{},
 		occupied: map[gpuKey]sets.Set[int]{},
-		view:     &gpuscore.View{Snapshot: snapshot},
+		view:     &gpumetrics.View{Snapshot: snapshot},
 		now:      now,
 	}
 	results := map[string][]resourceapi.AllocationResult{}
