@@ -170,6 +170,26 @@ func sameJSON(goValue, contractValue json.RawMessage, kind string) bool {
 	return reflect.DeepEqual(a, b)
 }
 
+// The resource names the decision reads are the contract's (the extender reads them from it).
+func TestResourceNamesAreTheSettingsContracts(t *testing.T) {
+	raw, err := os.ReadFile(contractFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var contract struct {
+		Resources struct {
+			WholeGPU  string `json:"wholeGPU"`
+			MIGPrefix string `json:"migPrefix"`
+		} `json:"resources"`
+	}
+	if err := json.Unmarshal(raw, &contract); err != nil {
+		t.Fatal(err)
+	}
+	if contract.Resources.WholeGPU != WholeGPUResource || contract.Resources.MIGPrefix != MIGResourcePrefix {
+		t.Errorf("resources %+v, GPUScore reads %q and %q", contract.Resources, WholeGPUResource, MIGResourcePrefix)
+	}
+}
+
 func TestArgsAreTheSettingsContracts(t *testing.T) {
 	contract := loadContract(t)
 	validate := func(a Args) []string { return Problems(ValidateArgs(nil, &a)) }

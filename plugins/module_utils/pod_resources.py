@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .exceptions import MigError
+from .names import MIG_RESOURCE_PREFIX  # the device plugin's mixed strategy: nvidia.com/mig-<profile>
 
 # Both optional (see missing_dependencies). protoc's generated module creates its message classes at import
 # time, where mypy cannot see them (grpcio has no type information either: mypy.ini).
@@ -47,7 +48,6 @@ DEFAULT_TIMEOUT = 10.0  # seconds per call, as the kubelet's own pod-resources c
 # and devices can exceed 4 MiB.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 SERVICE = "v1.PodResourcesLister"
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # the device plugin's mixed strategy: nvidia.com/mig-<profile>
 
 
 class PodResourcesError(MigError):

@@ -35,6 +35,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 
 from gpufleet_extender.errors import ExtenderError
 from gpufleet_extender.scoring import Strategy as ScoringStrategy  # spread | pack | auto, described there
+from gpufleet_extender.settings_contract import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
 from gpufleet_extender.settings_contract import SETTINGS as _SETTINGS
 from gpufleet_extender.settings_contract import bounds as _bounds
 from gpufleet_extender.settings_contract import default as _default
@@ -207,9 +208,12 @@ class Settings(BaseSettings):
     @field_validator("SHARED_RESOURCES")
     @classmethod
     def _gpu_resources(cls, value: dict[str, int]) -> dict[str, int]:
-        wrong = sorted(name for name in value if name != "nvidia.com/gpu" and not name.startswith("nvidia.com/mig-"))
+        wrong = sorted(
+            name for name in value if name != WHOLE_GPU_RESOURCE and not name.startswith(MIG_RESOURCE_PREFIX)
+        )
         if wrong:
-            raise ValueError(f"names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got {', '.join(wrong)}")
+            names = f"{WHOLE_GPU_RESOURCE} or {MIG_RESOURCE_PREFIX}<profile>"
+            raise ValueError(f"names {names} resources, got {', '.join(wrong)}")
         return value
 
     @field_validator("NODE_NAME_LABELS", mode="before")

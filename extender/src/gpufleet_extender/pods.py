@@ -14,10 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Context, Decimal
 
+from gpufleet_extender.settings_contract import MIG_RESOURCE_PREFIX as MIG_RESOURCE_PREFIX  # re-exported
+from gpufleet_extender.settings_contract import WHOLE_GPU_RESOURCE as WHOLE_GPU_RESOURCE  # re-exported
 from gpufleet_extender.wire import Container, Pod, WireError
-
-WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
 def is_gpu_resource(name: str) -> bool:

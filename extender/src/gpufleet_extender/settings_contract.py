@@ -1,5 +1,6 @@
 """The decision settings, declared once in ``settings_contract.json``: what the extender and GPUScore decide with.
 
+The file also names the extended resources the decision reads (``WHOLE_GPU_RESOURCE``, ``MIG_RESOURCE_PREFIX``).
 Each setting has its name (the extender's environment and config key), GPUScore's arg name, a type, a default, a
 range or choices, and the gpu_extender role's variable. ``config.Settings`` takes its fields' defaults and bounds
 from here, ``scoring.Policy`` its defaults, ``plugin_args`` the arg names and JSON types; the Go plugin's args test
@@ -108,7 +109,7 @@ def _setting(name: str, entry: Mapping[str, Any]) -> Setting:
 
 def load(path: Path = CONTRACT_FILE) -> dict[str, Setting]:
     """The contract's settings by name, in the file's order."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = _read(path)
     settings = {name: _setting(name, entry) for name, entry in data["settings"].items()}
     args = [s.arg for s in settings.values()]
     if len(set(args)) != len(args):
@@ -116,7 +117,19 @@ def load(path: Path = CONTRACT_FILE) -> dict[str, Setting]:
     return settings
 
 
+def _read(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def load_resources(path: Path = CONTRACT_FILE) -> tuple[str, str]:
+    """The extended resource names: a whole GPU's, and the prefix of a MIG instance's (then the profile)."""
+    resources = _read(path)["resources"]
+    return str(resources["wholeGPU"]), str(resources["migPrefix"])
+
+
 SETTINGS = load()
+WHOLE_GPU_RESOURCE, MIG_RESOURCE_PREFIX = load_resources()
 
 
 def default(name: str) -> Any:
