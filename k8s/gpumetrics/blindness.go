@@ -59,8 +59,8 @@ var (
 // staleNodesNamed is how many stale nodes the log names (the count is always whole).
 const staleNodesNamed = 5
 
-// RegisterMetrics adds GPUScore's metrics to the scheduler's /metrics (once per process).
-func RegisterMetrics() {
+// registerMetricsOnce adds GPUScore's metrics to the scheduler's /metrics (once per process).
+func registerMetricsOnce() {
 	registerMetrics.Do(func() { legacyregistry.MustRegister(metricsBlind, refreshFailures, metricsStaleNodes) })
 }
 
@@ -79,10 +79,10 @@ func BlindReason(s *gpuscore.Snapshot, p *gpuscore.Policy, now float64, lastErro
 	return reason
 }
 
-// StaleNodes is service.Extender.stale_nodes: the nodes whose newest sample is older than the policy's maximum age
+// staleNodes is service.Extender.stale_nodes: the nodes whose newest sample is older than the policy's maximum age
 // while the snapshot as a whole is fresh (none when it is not: that is BlindReason's case), with a description
 // naming the first staleNodesNamed by name.
-func StaleNodes(s *gpuscore.Snapshot, p *gpuscore.Policy, now float64) (count int, description string) {
+func staleNodes(s *gpuscore.Snapshot, p *gpuscore.Policy, now float64) (count int, description string) {
 	if p.MaxAgeSeconds == 0 || len(s.Nodes) == 0 || now-s.NewestSample > p.MaxAgeSeconds {
 		return 0, ""
 	}
@@ -145,7 +145,7 @@ func (b *blindness) observe(reason string, onMissing string, now float64) {
 	}
 }
 
-// observeStale records the nodes blind while others are not (StaleNodes) after a refresh that left the fleet
+// observeStale records the nodes blind while others are not (staleNodes) after a refresh that left the fleet
 // not blind: WARNING when their count changes and every blindWarnEvery while it lasts, and when it ends.
 func (b *blindness) observeStale(count int, description string, of int, onMissing string, now float64) {
 	b.mu.Lock()

@@ -32,7 +32,7 @@ func TestBlindReasonNamesNoDataAndDataAgedOut(t *testing.T) {
 
 // A source that fails leaves the refresher blind, the gauge at 1 and the failures counted; an answer ends it.
 func TestRefresherReportsBlindnessInItsMetric(t *testing.T) {
-	RegisterMetrics()
+	registerMetricsOnce()
 	source := &metricstest.Source{Err: errors.New("Prometheus did not answer both queries within prometheusTimeoutSeconds (2s)")}
 	args := gpuscore.DefaultArgs()
 	r := NewRefresher(source, 1, args.Policy())
@@ -71,28 +71,28 @@ func TestStaleNodesCountsNodesAgedOutWhileOthersAreFresh(t *testing.T) {
 	policy := &gpuscore.Policy{MaxAgeSeconds: 30}
 	snapshot := metricstest.Fleet(100, map[string][]float64{"a": {0.1}, "b": {0.1}, "c": {0.1}, "d": {0.1}, "e": {0.1}, "f": {0.1}, "g": {0.1}})
 	snapshot.NewestSample = 100
-	if count, _ := StaleNodes(snapshot, policy, 110); count != 0 {
+	if count, _ := staleNodes(snapshot, policy, 110); count != 0 {
 		t.Errorf("all fresh: %d stale", count)
 	}
 	for _, name := range []string{"g", "b", "f", "a", "e", "d"} {
 		snapshot.Nodes[name].SampleTime = 60
 	}
 	snapshot.Nodes["d"].SampleTime = 55
-	count, description := StaleNodes(snapshot, policy, 100)
+	count, description := staleNodes(snapshot, policy, 100)
 	want := "samples older than metricsMaxAgeSeconds 30 (the oldest 45s) on a, b, d, e, f and 1 more"
 	if count != 6 || description != want {
 		t.Errorf("got %d %q, want 6 %q", count, description, want)
 	}
-	if count, _ := StaleNodes(snapshot, policy, 131); count != 0 {
+	if count, _ := staleNodes(snapshot, policy, 131); count != 0 {
 		t.Errorf("the whole snapshot stale is blindness, not %d stale nodes", count)
 	}
-	if count, _ := StaleNodes(snapshot, &gpuscore.Policy{}, 1e9); count != 0 {
+	if count, _ := staleNodes(snapshot, &gpuscore.Policy{}, 1e9); count != 0 {
 		t.Errorf("maxAge 0 never ages: %d", count)
 	}
 }
 
 func TestRefresherReportsStaleNodesInItsMetric(t *testing.T) {
-	RegisterMetrics()
+	registerMetricsOnce()
 	now := Now()
 	source := &metricstest.Source{Snapshot: metricstest.Fleet(now, map[string][]float64{"fresh": {0.1}, "behind": {0.95}})}
 	source.Snapshot.Nodes["behind"].SampleTime = now - 45

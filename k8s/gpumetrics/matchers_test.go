@@ -15,7 +15,7 @@ func TestQueriesArePinnedToTheExportersJobAndNamespace(t *testing.T) {
 	if matchers != `job="dcgm-exporter",namespace="gpufleet-node-agents"` {
 		t.Fatalf("matchers: %s", matchers)
 	}
-	source := NewPrometheusSource("http://p.invalid", []string{"Hostname"}, time.Second, 5, matchers)
+	source := newPrometheusSource("http://p.invalid", []string{"Hostname"}, time.Second, 5, matchers)
 	if !strings.HasSuffix(source.seriesQuery, `",`+matchers+`})`) {
 		t.Errorf("series query not pinned: %s", source.seriesQuery)
 	}
@@ -25,7 +25,7 @@ func TestQueriesArePinnedToTheExportersJobAndNamespace(t *testing.T) {
 	if gpuscore.ExporterMatchers("", "") != "" || gpuscore.ExporterMatchers("", "n") != `namespace="n"` {
 		t.Error("unpinned labels must be left out")
 	}
-	if open := NewPrometheusSource("http://p.invalid", []string{"Hostname"}, time.Second, 5, ""); strings.Contains(open.timesQuery, "{") {
+	if open := newPrometheusSource("http://p.invalid", []string{"Hostname"}, time.Second, 5, ""); strings.Contains(open.timesQuery, "{") {
 		t.Errorf("unpinned times query: %s", open.timesQuery)
 	}
 }

@@ -42,16 +42,16 @@ type PrometheusSource struct {
 	seriesQuery string
 	timesQuery  string
 	tokenFile   string // "": no Authorization header
-	recorded    bool   // the queries read the recorded form (UseRecorded)
+	recorded    bool   // the queries read the recorded form (useRecorded)
 	// evaluated is the rule group's evaluation the last snapshot was read after (gpuscore.RecordedEvaluationQuery's
 	// answer); only the Refresher's goroutine calls Fetch.
 	evaluated string
 }
 
-// NewPrometheusSource: timeout bounds each refresh as a whole (both queries); maxSkew is how far ahead of this
+// newPrometheusSource: timeout bounds each refresh as a whole (both queries); maxSkew is how far ahead of this
 // clock a node's samples may be dated before the node counts as without metrics; matchers (gpuscore.ExporterMatchers)
 // keep out series of the same names from other scrape jobs.
-func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Duration, maxSkew float64, matchers string) *PrometheusSource {
+func newPrometheusSource(baseURL string, nodeLabels []string, timeout time.Duration, maxSkew float64, matchers string) *PrometheusSource {
 	series, times := gpuscore.PrometheusQueries(nodeLabels, matchers)
 	return &PrometheusSource{
 		baseURL:     strings.TrimRight(baseURL, "/"),
@@ -64,10 +64,10 @@ func NewPrometheusSource(baseURL string, nodeLabels []string, timeout time.Durat
 	}
 }
 
-// PinCA makes Prometheus' certificate chain to the PEM CA(s) in caFile and to nothing else (not the system's CAs):
+// pinCA makes Prometheus' certificate chain to the PEM CA(s) in caFile and to nothing else (not the system's CAs):
 // whoever captures Prometheus' address (a Service with externalIPs) cannot answer with fake load. The error, for
 // an unreadable file or one without a PEM certificate, is meant for the person who set prometheusCAFile.
-func (p *PrometheusSource) PinCA(caFile string) error {
+func (p *PrometheusSource) pinCA(caFile string) error {
 	pem, err := os.ReadFile(caFile)
 	if err != nil {
 		return fmt.Errorf("prometheusCAFile: cannot read %s: %v", caFile, withoutPath(err))
@@ -82,9 +82,9 @@ func (p *PrometheusSource) PinCA(caFile string) error {
 	return nil
 }
 
-// UseTokenFile sends the token in tokenFile as `Authorization: Bearer` with every query, read again at each
+// useTokenFile sends the token in tokenFile as `Authorization: Bearer` with every query, read again at each
 // refresh ("": none).
-func (p *PrometheusSource) UseTokenFile(tokenFile string) { p.tokenFile = tokenFile }
+func (p *PrometheusSource) useTokenFile(tokenFile string) { p.tokenFile = tokenFile }
 
 // authorization is this refresh's Authorization header value ("" without a token file). Its errors name the
 // file, never the token.
@@ -248,7 +248,7 @@ func (r *Refresher) RefreshOnce(ctx context.Context) bool {
 	answered := r.refresh(ctx)
 	snapshot, now := r.View().Snapshot, Now()
 	r.blind.observe(BlindReason(snapshot, &r.policy, now, r.lastError), r.policy.MissingPolicyName(), now)
-	stale, description := StaleNodes(snapshot, &r.policy, now)
+	stale, description := staleNodes(snapshot, &r.policy, now)
 	r.blind.observeStale(stale, description, len(snapshot.Nodes), r.policy.MissingPolicyName(), now)
 	return answered
 }
@@ -305,8 +305,8 @@ func (r *Refresher) Run(ctx context.Context) {
 	}
 }
 
-// UseRecorded makes the source read the recorded form instead of the raw dcgm series.
-func (p *PrometheusSource) UseRecorded() {
+// useRecorded makes the source read the recorded form instead of the raw dcgm series.
+func (p *PrometheusSource) useRecorded() {
 	p.seriesQuery, p.timesQuery = gpuscore.RecordedQueries()
 	p.recorded = true
 }

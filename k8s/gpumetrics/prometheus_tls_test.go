@@ -107,11 +107,11 @@ func otherCAServer(t *testing.T, handler http.Handler) (*httptest.Server, string
 
 func pinnedSource(t *testing.T, url, caFile, tokenFile string) *PrometheusSource {
 	t.Helper()
-	source := NewPrometheusSource(url, []string{"Hostname"}, 2*time.Second, 5, "")
-	if err := source.PinCA(caFile); err != nil {
+	source := newPrometheusSource(url, []string{"Hostname"}, 2*time.Second, 5, "")
+	if err := source.pinCA(caFile); err != nil {
 		t.Fatal(err)
 	}
-	source.UseTokenFile(tokenFile)
+	source.useTokenFile(tokenFile)
 	return source
 }
 
@@ -201,8 +201,8 @@ func TestTokenIsSentAndReReadAtEachRefresh(t *testing.T) {
 	}
 
 	// Without a token file no Authorization header is sent (the extender's behaviour with the setting unset).
-	open := NewPrometheusSource(server.URL, []string{"Hostname"}, 2*time.Second, 5, "")
-	if err := open.PinCA(caFile); err != nil {
+	open := newPrometheusSource(server.URL, []string{"Hostname"}, 2*time.Second, 5, "")
+	if err := open.pinCA(caFile); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := open.Fetch(context.Background(), 1); err != nil {

@@ -35,8 +35,8 @@ func TestRecordedSourceAsksForTheRecordedSeriesOncePerEvaluation(t *testing.T) {
 		}
 	}))
 	defer server.Close()
-	source := NewPrometheusSource(server.URL, []string{"Hostname", "hostname"}, time.Second, 5, "")
-	source.UseRecorded()
+	source := newPrometheusSource(server.URL, []string{"Hostname", "hostname"}, time.Second, 5, "")
+	source.useRecorded()
 	snapshot, err := source.Fetch(context.Background(), 1)
 	if err != nil {
 		t.Fatal(err)
@@ -63,8 +63,8 @@ func TestRecordedSourceAsksForTheRecordedSeriesOncePerEvaluation(t *testing.T) {
 		t.Errorf("new evaluation: snapshot %v, error %v, queries %v", next, err, asked)
 	}
 	// The refresher keeps its view (and what it memoized) while the source answers unchanged.
-	fresh := NewPrometheusSource(server.URL, []string{"Hostname", "hostname"}, time.Second, 5, "")
-	fresh.UseRecorded()
+	fresh := newPrometheusSource(server.URL, []string{"Hostname", "hostname"}, time.Second, 5, "")
+	fresh.useRecorded()
 	args := gpuscore.DefaultArgs()
 	refresher := NewRefresher(fresh, time.Second, args.Policy())
 	if !refresher.RefreshOnce(context.Background()) || refresher.View().Snapshot.Nodes["n1"] == nil {
@@ -87,8 +87,8 @@ func TestRecordedSourceTimesOutWithTheExtendersMessage(t *testing.T) {
 	}))
 	defer server.Close()
 	defer close(release)
-	source := NewPrometheusSource(server.URL, []string{"Hostname"}, 100*time.Millisecond, 5, "")
-	source.UseRecorded()
+	source := newPrometheusSource(server.URL, []string{"Hostname"}, 100*time.Millisecond, 5, "")
+	source.useRecorded()
 	snapshot, err := source.Fetch(context.Background(), 1)
 	if snapshot != nil || err == nil || err.Error() != "Prometheus did not answer within prometheusTimeoutSeconds (0.1s)" {
 		t.Errorf("snapshot %v, error %v", snapshot, err)

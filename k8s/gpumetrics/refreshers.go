@@ -48,16 +48,16 @@ func sharedRefresher(ctx context.Context, args gpuscore.Args, source Source) *Re
 // prometheusSourceFor is the Prometheus source args describe: its CA pinned (read now: an unreadable file is an
 // args problem), its bearer token file re-read at each refresh, and the form it reads (prometheusQuery).
 func prometheusSourceFor(args gpuscore.Args) (*PrometheusSource, error) {
-	source := NewPrometheusSource(args.PrometheusURL, args.NodeNameLabels, Seconds(args.PrometheusTimeoutSeconds),
+	source := newPrometheusSource(args.PrometheusURL, args.NodeNameLabels, Seconds(args.PrometheusTimeoutSeconds),
 		args.MetricsMaxClockSkewSeconds, gpuscore.ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
 	if args.PrometheusCAFile != "" {
-		if err := source.PinCA(args.PrometheusCAFile); err != nil {
+		if err := source.pinCA(args.PrometheusCAFile); err != nil {
 			return nil, err
 		}
 	}
-	source.UseTokenFile(args.PrometheusTokenFile)
+	source.useTokenFile(args.PrometheusTokenFile)
 	if args.PrometheusQuery == gpuscore.QueryRecorded {
-		source.UseRecorded()
+		source.useRecorded()
 	}
 	return source, nil
 }
@@ -74,7 +74,7 @@ func StartMetrics(ctx context.Context, obj runtime.Object, plugin string) (gpusc
 	if len(problems) > 0 {
 		return args, nil, fmt.Errorf("invalid %s args: %s", plugin, strings.Join(problems, "; "))
 	}
-	RegisterMetrics()
+	registerMetricsOnce()
 	return args, sharedRefresher(ctx, args, source), nil // polled once already, then in the background
 }
 

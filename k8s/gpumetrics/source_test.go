@@ -32,7 +32,7 @@ func TestPrometheusSourceQueriesAndParses(t *testing.T) {
 			{"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","Hostname":"n2","gpu":"1"},"value":[1,"40"]}]}}`)
 	}))
 	defer server.Close()
-	source := NewPrometheusSource(server.URL+"/", []string{"Hostname", "hostname"}, time.Second, 5, "")
+	source := newPrometheusSource(server.URL+"/", []string{"Hostname", "hostname"}, time.Second, 5, "")
 	snapshot, err := source.Fetch(context.Background(), 7)
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +55,7 @@ func TestPrometheusSourceQueriesAndParses(t *testing.T) {
 		fmt.Fprint(w, `{"status":"error","error":"parse error"}`)
 	}))
 	defer failing.Close()
-	if _, err := NewPrometheusSource(failing.URL, []string{"Hostname"}, time.Second, 5, "").Fetch(context.Background(), 1); err == nil ||
+	if _, err := newPrometheusSource(failing.URL, []string{"Hostname"}, time.Second, 5, "").Fetch(context.Background(), 1); err == nil ||
 		!strings.Contains(err.Error(), "Prometheus query failed (HTTP 400): parse error") {
 		t.Errorf("failing Prometheus: %v", err)
 	}

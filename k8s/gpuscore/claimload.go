@@ -8,9 +8,9 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 )
 
-// ClaimLoadResource names the pool of a node's devices a DRA claim is judged by (scoring.CLAIM_LOAD_RESOURCE):
+// claimLoadResource names the pool of a node's devices a DRA claim is judged by (scoring.CLAIM_LOAD_RESOURCE):
 // a claim asks for no extended resource, and with DynamicMIG its instance does not exist before the allocation.
-const ClaimLoadResource = "gpufleet.io/dra-node-devices"
+const claimLoadResource = "gpufleet.io/dra-node-devices"
 
 // ClaimLoadWeight is the score points a node loses per load point below MaxScore (scoring.CLAIM_LOAD_WEIGHT).
 const ClaimLoadWeight = 5
@@ -19,7 +19,7 @@ const ClaimLoadWeight = 5
 // instances, in the snapshot's resource order) pooled into one request for all of them.
 func ClaimLoadVerdict(node string, metrics *NodeMetrics, p *Policy, now float64, modes map[string]Mode, reasons bool) Verdict {
 	if metrics == nil {
-		return Evaluate(node, nil, []ResourceRequest{{ClaimLoadResource, 1}}, p, now, nil, modes, reasons)
+		return Evaluate(node, nil, []ResourceRequest{{claimLoadResource, 1}}, p, now, nil, modes, reasons)
 	}
 	resources := metrics.Resources
 	if resources == nil {
@@ -32,10 +32,10 @@ func ClaimLoadVerdict(node string, metrics *NodeMetrics, p *Policy, now float64,
 	pooled := &NodeMetrics{
 		Name:       metrics.Name,
 		SampleTime: metrics.SampleTime,
-		Devices:    map[string][]Device{ClaimLoadResource: devices},
-		Resources:  []string{ClaimLoadResource},
+		Devices:    map[string][]Device{claimLoadResource: devices},
+		Resources:  []string{claimLoadResource},
 	}
-	return Evaluate(node, pooled, []ResourceRequest{{ClaimLoadResource, len(devices)}}, p, now, nil, modes, reasons)
+	return Evaluate(node, pooled, []ResourceRequest{{claimLoadResource, len(devices)}}, p, now, nil, modes, reasons)
 }
 
 // ClaimNodeScore is scoring.claim_score: the placement score (0..100) less ClaimLoadWeight per load point below

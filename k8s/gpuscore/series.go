@@ -30,9 +30,9 @@ func ExporterMatchers(job, namespace string) string {
 	return strings.Join(pinned, ",")
 }
 
-// DecisionLabels are the labels a decision reads besides the node's (BuildSnapshot), as the extender's
+// decisionLabels are the labels a decision reads besides the node's (buildSnapshot), as the extender's
 // metrics_source.DECISION_LABELS.
-var DecisionLabels = []string{"gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "pod", "namespace", "exported_pod", "exported_namespace"}
+var decisionLabels = []string{"gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "pod", "namespace", "exported_pod", "exported_namespace"}
 
 // PrometheusQueries is metrics_source.prometheus_queries: the series aggregated by the labels decisions read
 // (Prometheus drops the rest before encoding its answer; series two exporters disagree on fold into their
@@ -43,8 +43,8 @@ func PrometheusQueries(nodeLabels []string, matchers string) (series, times stri
 	if matchers != "" {
 		selector, pinned = "{"+matchers+"}", ","+matchers
 	}
-	keep := strings.Join(append(append([]string{"__name__"}, nodeLabels...), DecisionLabels...), ", ")
-	series = fmt.Sprintf(`max by (%s) ({__name__=~"%s"%s})`, keep, strings.Join(DCGMMetrics, "|"), pinned)
+	keep := strings.Join(append(append([]string{"__name__"}, nodeLabels...), decisionLabels...), ", ")
+	series = fmt.Sprintf(`max by (%s) ({__name__=~"%s"%s})`, keep, strings.Join(dcgmMetrics, "|"), pinned)
 	times = fmt.Sprintf("max by (%s) (timestamp(%s%s))", strings.Join(nodeLabels, ", "), sampleTimeMetric, selector)
 	return series, times
 }
@@ -150,7 +150,7 @@ func buildFromSamples(samples []Sample, times []Series, nodeLabels []string, que
 			nodeTimes[node] = stamp
 		}
 	}
-	snapshot := BuildSnapshot(screenSamples(samples, nodeLabels), nodeLabels, queriedAt, nodeTimes, version)
+	snapshot := buildSnapshot(screenSamples(samples, nodeLabels), nodeLabels, queriedAt, nodeTimes, version)
 	dropFutureNodes(snapshot, now, maxSkew)
 	return snapshot
 }
@@ -184,7 +184,7 @@ func RecordedQueries() (series, times string) { return packedSeries, nodeSampleT
 // the fleet's series only when the answer moved.
 const RecordedEvaluationQuery = "max(timestamp(" + nodeSampleTimeSeries + "))"
 
-// decodePacked is metrics_source.decode_packed: one packed series as the samples BuildSnapshot folds (the
+// decodePacked is metrics_source.decode_packed: one packed series as the samples buildSnapshot folds (the
 // utilisation as GR_ENGINE_ACTIVE carrying the pod count, the memory as FB_USED/FB_FREE in permille). A value
 // NaN, not a whole number or with a part out of range decodes as a NaN utilisation, which screenSamples turns into
 // the node left out.
