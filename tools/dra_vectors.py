@@ -1,5 +1,6 @@
-"""Write k8s/gpuscore/testdata/dra_vectors.json from plugins/module_utils/dra_placement.py, the specification
-GPUScore's claim scoring follows (tests/unit/plugins/module_utils/test_dra_placement.py checks it is current)."""
+"""Write k8s/plugins/gpuclaimscore/testdata/dra_vectors.json from plugins/module_utils/dra_placement.py, the
+specification GPUScore's claim scoring follows (tests/unit/plugins/module_utils/test_dra_placement.py checks it is
+current)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-OUTPUT = REPO / "k8s/gpuscore/testdata/dra_vectors.json"
+OUTPUT = REPO / "k8s/plugins/gpuclaimscore/testdata/dra_vectors.json"
 
 
 def render() -> str:

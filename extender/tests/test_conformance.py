@@ -94,8 +94,49 @@ def test_arg_names_cover_the_settings_that_change_decisions():
     # A new setting of the extender must get a plugin argument (or a reason here why it does not).
     # FILTER_REASONS changes what the answer says, never what it decides.
     not_for_the_plugin = {"METRICS_SOURCE", "METRICS_FILE", "MAX_BODY_BYTES", "KUBE_API", "FILTER_REASONS"}
-    # The shared-memory rule is the extender's only, so far: off (0) by default and in every vector, and the Go plugin
-    # does not read it (docs/simulator.md says so). Giving it a plugin argument means implementing it in Go.
-    extender_only = {"SHARED_MEM_FREE_MIN"}
-    assert set(conformance.ARG_NAMES) == set(conformance.Settings.model_fields) - not_for_the_plugin - extender_only
-    assert conformance.Settings.model_fields["SHARED_MEM_FREE_MIN"].default == 0.0
+    # Every rule that changes a decision is GPUScore's too: no setting of the extender is left out of the vectors.
+    assert set(conformance.ARG_NAMES) == set(conformance.Settings.model_fields) - not_for_the_plugin
+
+
+def test_vectors_exercise_every_decision_setting():
+    # Each argument of the plugin that changes a decision takes a value other than its default in some decision
+    # case whose verdicts the Go plugin must match; for SHARED_MEM_FREE_MIN, verdicts refuse nodes for it.
+    vectors = json.loads(VECTORS.read_text(encoding="utf-8"))
+    used = {name for case in vectors["decisions"] for name in case["args"]}
+    decision_args = {
+        conformance.ARG_NAMES[s]
+        for s in (
+            "GPU_UTIL_THRESHOLD",
+            "MEM_UTIL_THRESHOLD",
+            "WEIGHT_GPU_UTIL",
+            "WEIGHT_MEM_UTIL",
+            "METRICS_MAX_AGE_SECONDS",
+            "ON_MISSING_METRICS",
+            "SCORING_STRATEGY",
+            "PACK_TARGET_UTIL",
+            "AUTO_PACK_BELOW",
+            "AUTO_HYSTERESIS",
+            "SHARED_RESOURCES",
+            "INTERFERENCE_WEIGHT",
+            "SHARED_MEM_FREE_MIN",
+        )
+    }
+    assert decision_args <= used, decision_args - used
+    reasons = [v[3] for c in vectors["decisions"] for v in c["expect"].values()]
+    assert sum("short of memory" in reason for reason in reasons) >= 10
+
+
+def test_scoring_adds_loads_left_to_right_on_every_python():
+    # The builtin sum compensates rounding since Python 3.12; the vectors must not depend on the Python that wrote
+    # them, so scoring.py never calls it and add_loads is the plain loop GPUScore runs.
+    import ast
+    import inspect
+
+    from gpufleet_extender import scoring
+
+    tree = ast.parse(inspect.getsource(scoring))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) in {"sum", "fsum"}]
+    assert not calls, [ast.unparse(c) for c in calls]
+    assert scoring.add_loads([0.1] * 10) == 0.9999999999999999  # compensated: 1.0
+    assert scoring.add_loads([1e16, 1.0, -1e16]) == 0.0  # compensated: 1.0
+    assert scoring.add_loads([], 2.5) == 2.5

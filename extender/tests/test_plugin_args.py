@@ -118,9 +118,9 @@ def test_check_config_plugin_args_reads_stdin_or_a_file(monkeypatch, capsys, tmp
 
 
 def test_the_argument_names_are_the_plugins():
-    # The plugin's Args struct (k8s/gpuscore/args.go) decodes each name: one missing here would be refused by the
+    # The plugin's Args struct (k8s/gpuscore/args_types.go) decodes each name: one missing here would be refused by the
     # check, one too many by the plugin.
-    source = (Path(__file__).resolve().parents[2] / "k8s" / "gpuscore" / "args.go").read_text(encoding="utf-8")
+    source = (Path(__file__).resolve().parents[2] / "k8s" / "gpuscore" / "args_types.go").read_text(encoding="utf-8")
     struct = source[source.index("type Args struct {") : source.index("\n}\n", source.index("type Args struct {"))]
     assert set(re.findall(r'`json:"(\w+)"`', struct)) == set(ARG_NAMES.values())
 

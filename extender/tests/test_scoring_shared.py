@@ -145,4 +145,4 @@ def test_settings_read_shared_resources_and_the_interference_weight(monkeypatch)
 def test_defaults_leave_scoring_as_it_was():
     settings_policy = Policy.from_settings(load_settings())
     assert settings_policy.shared_resources == () and settings_policy.interference_weight == 0.0
-    assert settings_policy.shared_mem_free_min == 0.0  # off: the Go plugin's vectors are generated with it off
+    assert settings_policy.shared_mem_free_min == 0.0  # off unless set

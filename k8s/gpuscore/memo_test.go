@@ -9,6 +9,9 @@ import (
 // The scheduling path's memo answers what evaluateNode computes, for every input it is keyed by (count, in-flight
 // devices, mode) and the ones it is not (in-flight pods of another resource with interference on), asked in random
 // order so that a wrong key returns another input's answer.
+
+const mig = "nvidia.com/mig-2g.20gb"
+
 func TestMemoizedVerdictsEqualComputed(t *testing.T) {
 	const shared, other = "nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"
 	rng := rand.New(rand.NewSource(7))
@@ -66,14 +69,14 @@ func TestMemoizedVerdictsEqualComputed(t *testing.T) {
 			rng.Shuffle(len(questions), func(i, j int) { questions[i], questions[j] = questions[j], questions[i] })
 			for _, q := range questions {
 				metrics := snapshot.Nodes[q.node]
-				want := EvaluateNode(q.node, unranked.Nodes[q.node], q.request, &policy, 100, q.assumed, q.modes)
-				got := evaluateNode(q.node, metrics, q.request, &policy, 100, q.assumed, q.modes, false)
+				want := Evaluate(q.node, unranked.Nodes[q.node], q.request, &policy, 100, q.assumed, q.modes, true)
+				got := Evaluate(q.node, metrics, q.request, &policy, 100, q.assumed, q.modes, false)
 				if got.Passed != want.Passed || got.Score != want.Score || got.Outcome != want.Outcome || got.Reason != "" {
 					t.Fatalf("interference %g, round %d, %s %v assumed %v modes %v: memoized %+v, computed %+v",
 						interference, round, q.node, q.request, q.assumed, q.modes, got, want)
 				}
 				// Filter asks again with the reason text when a node fails: from the memo too, word for word.
-				if explained := EvaluateNode(q.node, metrics, q.request, &policy, 100, q.assumed, q.modes); explained != want {
+				if explained := Evaluate(q.node, metrics, q.request, &policy, 100, q.assumed, q.modes, true); explained != want {
 					t.Fatalf("interference %g, round %d, %s %v assumed %v modes %v: memoized with reasons %+v, computed %+v",
 						interference, round, q.node, q.request, q.assumed, q.modes, explained, want)
 				}

@@ -7,8 +7,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-// IsGPUResource reports whether name is a device the plugin decides on: whole GPUs or MIG instances.
-func IsGPUResource(name string) bool {
+// isGPUResource reports whether name is a device the plugin decides on: whole GPUs or MIG instances.
+func isGPUResource(name string) bool {
 	return name == WholeGPUResource || strings.HasPrefix(name, MIGResourcePrefix)
 }
 
@@ -16,7 +16,7 @@ func containerGPUs(c *v1.Container, into map[string]int64) {
 	// Requests win when both are set; a limit stands in for a missing request (pods.py's rule).
 	for _, list := range []v1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
 		for name, quantity := range list {
-			if IsGPUResource(string(name)) {
+			if isGPUResource(string(name)) {
 				into[string(name)] = quantity.Value()
 			}
 		}

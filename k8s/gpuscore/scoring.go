@@ -66,6 +66,8 @@ type Policy struct {
 	SharedResources map[string]int
 	// InterferenceWeight: spread subtracts it times the load of the node's other devices (0: off).
 	InterferenceWeight float64
+	// SharedMemFreeMin: share of memory that must be free on each device a time-sliced pod may get (0: off).
+	SharedMemFreeMin float64
 }
 
 // replicasOf is the time-slicing replicas of resource (1: exclusive devices).
@@ -88,7 +90,7 @@ func (p *Policy) modeFor(resource string, modes map[string]Mode) Mode {
 	return ModeSpread
 }
 
-func (p *Policy) missingPolicyName() string {
+func (p *Policy) MissingPolicyName() string {
 	if p.DenyMissing {
 		return "deny"
 	}
@@ -274,8 +276,8 @@ type Verdict struct {
 
 var noGPUVerdict = Verdict{true, NeutralScore, OutcomeNoGPURequest, ""}
 
-// DeviceLoad is w_util x util + w_mem x mem, 0..1.
-func DeviceLoad(d Device, p *Policy) float64 {
+// deviceLoad is w_util x util + w_mem x mem, 0..1.
+func deviceLoad(d Device, p *Policy) float64 {
 	mem := 0.0
 	if d.HasMem {
 		mem = d.Mem
@@ -287,6 +289,12 @@ func belowThresholds(d Device, p *Policy) bool {
 	return d.Util < p.GPUUtilThreshold && (!d.HasMem || d.Mem < p.MemUtilThreshold)
 }
 
+// shortOfMemory is a shared device with less than SharedMemFreeMin of its memory free (scoring.short_of_memory):
+// one more replica may run out of memory. False when the rule is off or the sample has no memory figures.
+func shortOfMemory(d Device, p *Policy) bool {
+	return p.SharedMemFreeMin > 0 && d.HasMem && 1.0-d.Mem < p.SharedMemFreeMin
+}
+
 // byLoad returns the devices least-loaded first, ties broken by key (Python sorts (load, key) tuples).
 func byLoad(devices []Device, p *Policy) []Device {
 	type keyed struct {
@@ -295,7 +303,7 @@ func byLoad(devices []Device, p *Policy) []Device {
 	}
 	entries := make([]keyed, len(devices))
 	for i, d := range devices {
-		entries[i] = keyed{DeviceLoad(d, p), d}
+		entries[i] = keyed{deviceLoad(d, p), d}
 	}
 	sort.Slice(entries, func(i, j int) bool {
 		if entries[i].load != entries[j].load {
@@ -315,21 +323,21 @@ func pyRound(x float64) int { return int(math.RoundToEven(x)) }
 
 func clampScore(x float64) int { return max(MinScore, min(MaxScore, pyRound(x))) }
 
-// ScoreDevices is the spread score: 10 x (1 - mean load) over count devices, missing devices counting as full.
-func ScoreDevices(devices []Device, count int, p *Policy) int {
+// scoreDevices is the spread score: 10 x (1 - mean load) over count devices, missing devices counting as full.
+func scoreDevices(devices []Device, count int, p *Policy) int {
 	if count <= 0 {
 		return NeutralScore
 	}
 	total := 0.0
 	for _, d := range devices {
-		total += DeviceLoad(d, p)
+		total += deviceLoad(d, p)
 	}
 	total += float64(max(0, count-len(devices)))
 	return clampScore(MaxScore * (1.0 - total/float64(count)))
 }
 
-// PackScore is TargetLoadPacking's curve on 0..10: rising to 10 at target, falling to 0 at full load.
-func PackScore(load, target float64) int {
+// packScore is TargetLoadPacking's curve on 0..10: rising to 10 at target, falling to 0 at full load.
+func packScore(load, target float64) int {
 	load = min(1.0, max(0.0, load))
 	var raw float64
 	if load <= target {
@@ -344,7 +352,7 @@ func rankedMeanLoad(ranked []Device, p *Policy, assumed int) float64 {
 	taken := min(assumed, len(ranked)) // in-flight pods took the least-loaded devices
 	sum := 0.0
 	for _, d := range ranked[taken:] {
-		sum += DeviceLoad(d, p)
+		sum += deviceLoad(d, p)
 	}
 	return (float64(taken) + sum) / float64(len(ranked))
 }
@@ -378,7 +386,7 @@ func figures(d Device, p *Policy) string {
 func missing(node string, why func() string, p *Policy, reasons bool) Verdict {
 	reason := ""
 	if reasons {
-		reason = fmt.Sprintf("%s: %s (ON_MISSING_METRICS=%s)", node, why(), p.missingPolicyName())
+		reason = fmt.Sprintf("%s: %s (ON_MISSING_METRICS=%s)", node, why(), p.MissingPolicyName())
 	}
 	if p.DenyMissing {
 		return Verdict{false, MinScore, OutcomeMissingDenied, reason}
@@ -485,9 +493,20 @@ func evaluateShared(node string, devices []Device, want ResourceRequest, p *Poli
 			return Verdict{false, MinScore, OutcomeOverloaded, reason}, true
 		}
 	}
+	for _, i := range candidates {
+		if d := devices[i]; shortOfMemory(d, p) { // its pods would share the little memory left: CUDA out-of-memory
+			reason := ""
+			if reasons {
+				reason = fmt.Sprintf("%s: the device plugin may share a %s %s short of memory (%s: mem %.2f, less than "+
+					"SHARED_MEM_FREE_MIN %s free; %s pod(s))",
+					node, want.Resource, deviceWord(want.Resource), d.Key, d.Mem, pyG(p.SharedMemFreeMin), pyPods(d))
+			}
+			return Verdict{false, MinScore, OutcomeOverloaded, reason}, true
+		}
+	}
 	sum := 0.0
 	for _, i := range candidates {
-		sum += DeviceLoad(devices[i], p)
+		sum += deviceLoad(devices[i], p)
 	}
 	mean := sum / float64(len(candidates))
 	score := clampScore(MaxScore * (1.0 - mean))
@@ -517,7 +536,7 @@ func interferenceLoad(metrics *NodeMetrics, picked []Device, p *Policy, assumed 
 			if position < taken {
 				total += 1.0
 			} else {
-				total += DeviceLoad(d, p)
+				total += deviceLoad(d, p)
 			}
 			others++
 		}
@@ -551,7 +570,7 @@ func withInterference(node string, metrics *NodeMetrics, ranked []Device, want R
 	others := interferenceLoad(metrics, picked, p, assumed)
 	sum := 0.0
 	for _, d := range picked {
-		sum += DeviceLoad(d, p)
+		sum += deviceLoad(d, p)
 	}
 	mean := (sum + float64(max(0, want.Count-len(picked)))) / float64(want.Count)
 	score := clampScore(MaxScore * (1.0 - mean - float64(p.InterferenceWeight*others)))
@@ -599,31 +618,26 @@ func evaluateResource(node string, metrics *NodeMetrics, ranked []Device, want R
 	}
 	if mode == ModePack {
 		load := rankedMeanLoad(ranked, p, assumed)
-		score := PackScore(load, p.PackTargetUtil)
+		score := packScore(load, p.PackTargetUtil)
 		if !reasons {
 			return Verdict{true, score, OutcomePass, ""}
 		}
 		return Verdict{true, score, OutcomePass, fmt.Sprintf("%s: pack%s: %s load %.2f, target %.2f, score %d",
 			node, strategy, want.Resource, load, p.PackTargetUtil, score)}
 	}
-	score := ScoreDevices(available[:min(want.Count, len(available))], want.Count, p)
+	score := scoreDevices(available[:min(want.Count, len(available))], want.Count, p)
 	if !reasons {
 		return Verdict{true, score, OutcomePass, ""}
 	}
 	return Verdict{true, score, OutcomePass, fmt.Sprintf("%s: spread%s: %s score %d", node, strategy, want.Resource, score)}
 }
 
-// EvaluateNode is the filter verdict and score of node for a pod asking for request (scoring.evaluate_node).
+// Evaluate is the filter verdict and score of node for a pod asking for request (scoring.evaluate_node).
 // metrics is nil for a node without metrics; assumed counts in-flight pods' devices per resource; modes is
-// auto's choice per resource (fixed strategies ignore it).
-func EvaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, p *Policy, now float64,
-	assumed map[string]int, modes map[string]Mode) Verdict {
-	return evaluateNode(node, metrics, request, p, now, assumed, modes, true)
-}
-
-// evaluateNode without reasons (Reason ""; everything else equal) is the scheduling path's: the reason text is
-// only read when a node fails the filter, so it is built then and not for every node and pod.
-func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, p *Policy, now float64,
+// auto's choice per resource (fixed strategies ignore it). Without reasons (Reason ""; everything else equal) it is
+// the scheduling path's: the reason text is only read when a node fails the filter, so it is built then and not
+// for every node and pod.
+func Evaluate(node string, metrics *NodeMetrics, request []ResourceRequest, p *Policy, now float64,
 	assumed map[string]int, modes map[string]Mode, reasons bool) Verdict {
 	if len(request) == 0 {
 		return noGPUVerdict
@@ -664,7 +678,7 @@ func evaluateNode(node string, metrics *NodeMetrics, request []ResourceRequest, 
 	return verdict
 }
 
-// FleetMeanLoad is the mean DeviceLoad per resource over every device with a fresh sample.
+// FleetMeanLoad is the mean deviceLoad per resource over every device with a fresh sample.
 func FleetMeanLoad(s *Snapshot, p *Policy, now float64) map[string]float64 {
 	type acc struct {
 		total float64
@@ -684,7 +698,7 @@ func FleetMeanLoad(s *Snapshot, p *Policy, now float64) map[string]float64 {
 			}
 			sum := 0.0 // Python adds each node's devices first, then the node's sum to the total
 			for _, d := range devices {
-				sum += DeviceLoad(d, p)
+				sum += deviceLoad(d, p)
 			}
 			entry.total += sum
 			entry.count += len(devices)
@@ -699,9 +713,9 @@ func FleetMeanLoad(s *Snapshot, p *Policy, now float64) map[string]float64 {
 	return loads
 }
 
-// NextMode is auto's rule: pack below packBelow, spread above packBelow + hysteresis, else keep current
+// nextMode is auto's rule: pack below packBelow, spread above packBelow + hysteresis, else keep current
 // ("" = no mode yet: spread, the safe default).
-func NextMode(current Mode, load, packBelow, hysteresis float64) Mode {
+func nextMode(current Mode, load, packBelow, hysteresis float64) Mode {
 	if load < packBelow {
 		return ModePack
 	}
@@ -726,7 +740,7 @@ func (m *ModeSelector) Update(fleetLoad map[string]float64) map[string]Mode {
 	changed := map[string]Mode{}
 	for resource, load := range fleetLoad {
 		previous := m.Modes[resource]
-		mode := NextMode(previous, load, m.PackBelow, m.Hysteresis)
+		mode := nextMode(previous, load, m.PackBelow, m.Hysteresis)
 		if mode != previous {
 			changed[resource] = mode
 		}

@@ -23,8 +23,8 @@ const (
 	metricFBFree         = "DCGM_FI_DEV_FB_FREE"
 )
 
-// DCGMMetrics are the series the refresher reads, in the extender's order.
-var DCGMMetrics = []string{metricGPUUtil, metricGREngineActive, metricFBUsed, metricFBFree}
+// dcgmMetrics are the series the refresher reads, in the extender's order.
+var dcgmMetrics = []string{metricGPUUtil, metricGREngineActive, metricFBUsed, metricFBFree}
 
 // Sample is one series value with its labels (the metric name in Name).
 type Sample struct {
@@ -73,9 +73,9 @@ func nodeNameOf(labels map[string]string, nodeLabels []string) string {
 	return ""
 }
 
-// BuildSnapshot folds samples into a Snapshot. Every sample is dated defaultTime (a Prometheus instant query's
+// buildSnapshot folds samples into a Snapshot. Every sample is dated defaultTime (a Prometheus instant query's
 // values carry the evaluation time, not the scrape's); nodeSampleTimes overrides it per node.
-func BuildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, nodeSampleTimes map[string]float64, version uint64) *Snapshot {
+func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, nodeSampleTimes map[string]float64, version uint64) *Snapshot {
 	devices := map[deviceKey]*deviceAcc{}
 	var order []deviceKey // insertion order: Python's dicts keep it, and node order follows from it
 	sampleTimes := map[string]float64{}

@@ -77,12 +77,12 @@ type vectorFile struct {
 
 // promCase is a Prometheus answer (series and sample times, raw or recorded) and the extender's snapshot of it.
 type promCase struct {
-	NodeNameLabels []string     `json:"nodeNameLabels"`
-	QueriedAt      float64      `json:"queriedAt"`
-	Now            float64      `json:"now"`
-	MaxSkew        float64      `json:"maxClockSkewSeconds"`
-	Series         []promSample `json:"series"`
-	Times          []promSample `json:"times"`
+	NodeNameLabels []string `json:"nodeNameLabels"`
+	QueriedAt      float64  `json:"queriedAt"`
+	Now            float64  `json:"now"`
+	MaxSkew        float64  `json:"maxClockSkewSeconds"`
+	Series         []Series `json:"series"`
+	Times          []Series `json:"times"`
 	Expect         struct {
 		Nodes        []vectorNode `json:"nodes"`
 		NewestSample *float64     `json:"newestSample"`
@@ -113,11 +113,11 @@ func mustUnmarshal(t *testing.T, raw json.RawMessage, into any) {
 }
 
 func decodeArgs(raw json.RawMessage) (Args, error) {
-	args, err := DecodeArgs(&runtime.Unknown{Raw: raw, ContentType: runtime.ContentTypeJSON})
-	if err == nil {
-		err = args.Validate()
+	args, problems := readArgs(&runtime.Unknown{Raw: raw, ContentType: runtime.ContentTypeJSON})
+	if len(problems) == 0 {
+		problems = Problems(ValidateArgs(nil, &args))
 	}
-	return args, err
+	return args, joined(problems)
 }
 
 func snapshotOf(t *testing.T, nodes []vectorNode) *Snapshot {
@@ -194,7 +194,7 @@ func TestVectorsDecisions(t *testing.T) {
 			mustUnmarshal(t, c.Expect[name][1], &want.Score)
 			mustUnmarshal(t, c.Expect[name][2], &want.Outcome)
 			mustUnmarshal(t, c.Expect[name][3], &want.Reason)
-			// The plugin's verdict(): tenant rule, then EvaluateNode.
+			// The plugin's verdict(): tenant rule, then Evaluate.
 			var got Verdict
 			reason := ""
 			if c.Tenants != nil {
@@ -207,17 +207,17 @@ func TestVectorsDecisions(t *testing.T) {
 			if reason != "" {
 				got = Verdict{false, MinScore, OutcomeTenantMismatch, reason}
 			} else {
-				got = EvaluateNode(name, snapshot.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes)
-				if fromRanked := EvaluateNode(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes); fromRanked != got {
+				got = Evaluate(name, snapshot.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes, true)
+				if fromRanked := Evaluate(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes, true); fromRanked != got {
 					t.Errorf("decisions[%d] node %s: ranked snapshot gives %+v, unranked %+v", i, name, fromRanked, got)
 				}
 				// The scheduling path's form: the same verdict without the reason text.
-				fast := evaluateNode(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes, false)
+				fast := Evaluate(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes, false)
 				if fast.Reason != "" || fast.Passed != got.Passed || fast.Score != got.Score || fast.Outcome != got.Outcome {
 					t.Errorf("decisions[%d] node %s: without reasons %+v, with %+v", i, name, fast, got)
 				}
 				// Asked again: from the snapshot's memo this time.
-				if again := evaluateNode(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes, false); again != fast {
+				if again := Evaluate(name, ranked.Nodes[name], request, &policy, c.Now, c.Assumed[name], c.Modes, false); again != fast {
 					t.Errorf("decisions[%d] node %s: memoized %+v, computed %+v", i, name, again, fast)
 				}
 			}
@@ -296,7 +296,7 @@ func TestVectorsAuto(t *testing.T) {
 
 func TestVectorsPrometheus(t *testing.T) {
 	for i, c := range loadVectors(t).Prometheus {
-		got := buildFromProm(c.Series, c.Times, c.NodeNameLabels, c.QueriedAt, c.Now, c.MaxSkew, 1)
+		got := SnapshotFromSeries(c.Series, c.Times, c.NodeNameLabels, c.QueriedAt, c.Now, c.MaxSkew, 1)
 		compareSnapshot(t, fmt.Sprintf("prometheus[%d]", i), got, c.Expect.Nodes, c.Expect.NewestSample)
 	}
 }

@@ -1,6 +1,6 @@
 """DynamicMIG placement under DRA: which device kube-scheduler's allocator takes for a MIG claim, and how much room
 for large profiles that leaves. Pure (no Kubernetes, no NVML): the one specification that GPUScore's claim scoring
-(k8s/gpuscore/claims.go, through vectors generated from here), the placement simulator and the DRA tests follow.
+(k8s/plugins/gpuclaimscore, through vectors generated from here), the placement simulator and the DRA tests follow.
 
 What NVIDIA's DRA driver publishes with DynamicMIG (kubernetes-sigs/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin):
 every (profile, placement) of each GPU is a device named gpu-<minor>-mig-<profile without dots>-<profile id>-<start>
@@ -135,9 +135,9 @@ def free_slices(gpus: Iterable[Iterable[int]]) -> int:
 
 
 def vectors() -> dict[str, object]:
-    """Decision vectors for GPUScore's claim scoring (k8s/gpuscore/testdata/dra_vectors.json): every occupancy of
-    one GPU that valid placements can leave, each kind asked of it, with room before and the verdict. Written by
-    `python tools/dra_vectors.py`; the Python tests regenerate it and compare."""
+    """Decision vectors for GPUScore's claim scoring (k8s/plugins/gpuclaimscore/testdata/dra_vectors.json): every
+    occupancy of one GPU that valid placements can leave, each kind asked of it, with room before and the verdict.
+    Written by `python tools/dra_vectors.py`; the Python tests regenerate it and compare."""
     rows = [kind(row.name) for row in H100_80GB.profiles] + [kind(WHOLE_GPU)]
     occupancies: set[frozenset[int]] = {frozenset()}
     frontier: list[frozenset[int]] = [frozenset()]

@@ -12,7 +12,8 @@ the CLI prints it and exits with code 2. ``check_settings()`` applies the same v
 without the environment: ``gpufleet-extender check-config`` is how the gpu_extender role checks the ConfigMap it is
 about to deploy, so a value the pod would refuse fails the play with the pod's message.
 
-The scoring defaults (thresholds, weights, packing) are ``scoring.Policy``'s: written once, there.
+The decision settings' defaults, ranges and choices are the settings contract's (``settings_contract.json``, which
+GPUScore and the roles are checked against): written once, there.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gpufleet_extender.errors import ExtenderError
-from gpufleet_extender.scoring import Policy
 from gpufleet_extender.scoring import Strategy as ScoringStrategy  # spread | pack | auto, described there
-
-_DEFAULT_POLICY = Policy()  # the one place the scoring defaults are written
+from gpufleet_extender.settings_contract import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
+from gpufleet_extender.settings_contract import SETTINGS as _SETTINGS
+from gpufleet_extender.settings_contract import bounds as _bounds
+from gpufleet_extender.settings_contract import default as _default
 
 # The CLI hands ``--config`` to get_settings() through this variable, so a worker started by uvicorn
 # (or a test) sees the same file.
@@ -122,7 +124,8 @@ class KubeApiMode(StrEnum):
     KUBECONFIG = "kubeconfig"
 
 
-Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+# Replicas per device of a time-sliced resource: 1 to this (the contract's range of SHARED_RESOURCES' values).
+MAX_REPLICAS = int(_SETTINGS["SHARED_RESOURCES"].max or 0)
 
 
 class Settings(BaseSettings):
@@ -130,59 +133,65 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="forbid", frozen=True)
 
-    PROMETHEUS_URL: str = "http://127.0.0.1:9090"
-    PROMETHEUS_TIMEOUT_SECONDS: float = Field(2.0, gt=0, le=60)
+    PROMETHEUS_URL: str = _default("PROMETHEUS_URL")
+    PROMETHEUS_TIMEOUT_SECONDS: Annotated[float, _bounds("PROMETHEUS_TIMEOUT_SECONDS")] = _default(
+        "PROMETHEUS_TIMEOUT_SECONDS"
+    )
     # https: Prometheus' certificate is checked against this PEM CA bundle only (unset: the system's CAs). A
     # pinned CA keeps a Service that captures the address (spec.externalIPs) from answering with fake load.
-    PROMETHEUS_CA_FILE: Path | None = None
+    PROMETHEUS_CA_FILE: Path | None = _default("PROMETHEUS_CA_FILE")
     # Bearer token sent with every query, read from this file at each refresh (a rotated token is picked up).
-    PROMETHEUS_TOKEN_FILE: Path | None = None
+    PROMETHEUS_TOKEN_FILE: Path | None = _default("PROMETHEUS_TOKEN_FILE")
     # The dcgm series are read only from this scrape job and namespace (the labels Prometheus gives the exporter's
     # targets); empty: any. Pinned, an exporter that someone else runs (a tenant's, under its own job or in its own
     # namespace) cannot feed the extender. See docs/tenants.md for keeping those labels honest.
-    EXPORTER_JOB: str = ""
-    EXPORTER_NAMESPACE: str = ""
+    EXPORTER_JOB: str = _default("EXPORTER_JOB")
+    EXPORTER_NAMESPACE: str = _default("EXPORTER_NAMESPACE")
     # recorded: read the series the dcgm_exporter role's recording rules precompute (gpufleet-extender
     # recording-rules), one per device: what a fleet of thousands of nodes needs. raw: the dcgm series themselves.
-    PROMETHEUS_QUERY: PrometheusQuery = PrometheusQuery.RAW
-    GPU_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = _DEFAULT_POLICY.gpu_util_threshold
-    MEM_UTIL_THRESHOLD: Annotated[float, Field(gt=0.0, le=1.0)] = _DEFAULT_POLICY.mem_util_threshold
-    WEIGHT_GPU_UTIL: Fraction = _DEFAULT_POLICY.weight_gpu_util
-    WEIGHT_MEM_UTIL: Fraction = _DEFAULT_POLICY.weight_mem_util
+    PROMETHEUS_QUERY: PrometheusQuery = PrometheusQuery(_default("PROMETHEUS_QUERY"))
+    GPU_UTIL_THRESHOLD: Annotated[float, _bounds("GPU_UTIL_THRESHOLD")] = _default("GPU_UTIL_THRESHOLD")
+    MEM_UTIL_THRESHOLD: Annotated[float, _bounds("MEM_UTIL_THRESHOLD")] = _default("MEM_UTIL_THRESHOLD")
+    WEIGHT_GPU_UTIL: Annotated[float, _bounds("WEIGHT_GPU_UTIL")] = _default("WEIGHT_GPU_UTIL")
+    WEIGHT_MEM_UTIL: Annotated[float, _bounds("WEIGHT_MEM_UTIL")] = _default("WEIGHT_MEM_UTIL")
     METRICS_SOURCE: MetricsSourceKind = MetricsSourceKind.PROMETHEUS
     METRICS_FILE: Path | None = None
-    METRICS_REFRESH_SECONDS: float = Field(5.0, gt=0, le=3600)
+    METRICS_REFRESH_SECONDS: Annotated[float, _bounds("METRICS_REFRESH_SECONDS")] = _default("METRICS_REFRESH_SECONDS")
     # 0 turns staleness off (a static METRICS_FILE stays valid for ever).
-    METRICS_MAX_AGE_SECONDS: float = Field(_DEFAULT_POLICY.max_age_seconds, ge=0)
+    METRICS_MAX_AGE_SECONDS: Annotated[float, _bounds("METRICS_MAX_AGE_SECONDS")] = _default("METRICS_MAX_AGE_SECONDS")
     # Samples dated further ahead than this (some clock is wrong) are not trusted: the node counts as without metrics.
-    METRICS_MAX_CLOCK_SKEW_SECONDS: float = Field(5.0, ge=0)
-    ON_MISSING_METRICS: MissingMetricsPolicy = MissingMetricsPolicy.ALLOW
+    METRICS_MAX_CLOCK_SKEW_SECONDS: Annotated[float, _bounds("METRICS_MAX_CLOCK_SKEW_SECONDS")] = _default(
+        "METRICS_MAX_CLOCK_SKEW_SECONDS"
+    )
+    ON_MISSING_METRICS: MissingMetricsPolicy = MissingMetricsPolicy(_default("ON_MISSING_METRICS"))
     # dcgm-exporter names the host label `Hostname` in released images and `hostname` in newer ones.
-    NODE_NAME_LABELS: Annotated[tuple[str, ...], NoDecode] = ("Hostname", "hostname")
+    NODE_NAME_LABELS: Annotated[tuple[str, ...], NoDecode] = tuple(_default("NODE_NAME_LABELS"))
     MAX_BODY_BYTES: int = Field(4 * 1024 * 1024, ge=1024)
     # FailedNodes reasons end up in the pod's FailedScheduling event, which the pod's tenant reads: "generic" keeps
     # other pools' node names and loads out of it.
     FILTER_REASONS: FilterReasons = FilterReasons.DETAILED
-    TENANT_LABEL: str = "gpufleet.io/tenant"
-    TENANT_POOLS: bool = True
+    TENANT_LABEL: str = _default("TENANT_LABEL")
+    TENANT_POOLS: bool = _default("TENANT_POOLS")
     KUBE_API: KubeApiMode = KubeApiMode.AUTO
     # An assumed (recently bound) pod stops counting after this long even if no sample covered it.
-    INFLIGHT_MAX_SECONDS: float = Field(120.0, gt=0)
-    SCORING_STRATEGY: ScoringStrategy = _DEFAULT_POLICY.strategy
-    PACK_TARGET_UTIL: Annotated[float, Field(gt=0.0, lt=1.0)] = _DEFAULT_POLICY.pack_target_util
+    INFLIGHT_MAX_SECONDS: Annotated[float, _bounds("INFLIGHT_MAX_SECONDS")] = _default("INFLIGHT_MAX_SECONDS")
+    SCORING_STRATEGY: ScoringStrategy = ScoringStrategy(_default("SCORING_STRATEGY"))
+    PACK_TARGET_UTIL: Annotated[float, _bounds("PACK_TARGET_UTIL")] = _default("PACK_TARGET_UTIL")
     # auto packs while the fleet's mean load of a resource is below AUTO_PACK_BELOW and spreads once it is above
     # AUTO_PACK_BELOW + AUTO_HYSTERESIS; in between it keeps its mode, so it does not flap at the boundary.
-    AUTO_PACK_BELOW: Annotated[float, Field(gt=0.0, lt=1.0)] = _DEFAULT_POLICY.auto_pack_below
-    AUTO_HYSTERESIS: Annotated[float, Field(ge=0.0, lt=1.0)] = _DEFAULT_POLICY.auto_hysteresis
+    AUTO_PACK_BELOW: Annotated[float, _bounds("AUTO_PACK_BELOW")] = _default("AUTO_PACK_BELOW")
+    AUTO_HYSTERESIS: Annotated[float, _bounds("AUTO_HYSTERESIS")] = _default("AUTO_HYSTERESIS")
     # Time-sliced resources and their replicas per device, as the device plugin's sharing config says (JSON in
     # the environment: {"nvidia.com/mig-1g.10gb": 4}); the gpu_extender role renders it from the pools' sharing.
-    SHARED_RESOURCES: dict[str, Annotated[int, Field(ge=1, le=64)]] = Field(default_factory=dict)
+    SHARED_RESOURCES: dict[str, Annotated[int, Field(ge=1, le=MAX_REPLICAS)]] = Field(
+        default_factory=lambda: _default("SHARED_RESOURCES")
+    )
     # spread: how much the load of a node's other devices lowers an exclusive resource's score (0 = off).
-    INTERFERENCE_WEIGHT: Annotated[float, Field(ge=0.0, le=10.0)] = _DEFAULT_POLICY.interference_weight
+    INTERFERENCE_WEIGHT: Annotated[float, _bounds("INTERFERENCE_WEIGHT")] = _default("INTERFERENCE_WEIGHT")
     # Time-sliced resources: the share of a device's memory (DCGM_FI_DEV_FB_FREE over FB_USED + FB_FREE) that must be
     # free on every device the device plugin may hand the pod, so that a new replica does not run out of memory
-    # (0 = off; the Go GPUScore plugin does not read it yet, docs/simulator.md).
-    SHARED_MEM_FREE_MIN: Annotated[float, Field(ge=0.0, lt=1.0)] = _DEFAULT_POLICY.shared_mem_free_min
+    # (0 = off).
+    SHARED_MEM_FREE_MIN: Annotated[float, _bounds("SHARED_MEM_FREE_MIN")] = _default("SHARED_MEM_FREE_MIN")
 
     @field_validator("SHARED_RESOURCES", mode="before")
     @classmethod
@@ -199,9 +208,12 @@ class Settings(BaseSettings):
     @field_validator("SHARED_RESOURCES")
     @classmethod
     def _gpu_resources(cls, value: dict[str, int]) -> dict[str, int]:
-        wrong = sorted(name for name in value if name != "nvidia.com/gpu" and not name.startswith("nvidia.com/mig-"))
+        wrong = sorted(
+            name for name in value if name != WHOLE_GPU_RESOURCE and not name.startswith(MIG_RESOURCE_PREFIX)
+        )
         if wrong:
-            raise ValueError(f"names nvidia.com/gpu or nvidia.com/mig-<profile> resources, got {', '.join(wrong)}")
+            names = f"{WHOLE_GPU_RESOURCE} or {MIG_RESOURCE_PREFIX}<profile>"
+            raise ValueError(f"names {names} resources, got {', '.join(wrong)}")
         return value
 
     @field_validator("NODE_NAME_LABELS", mode="before")

@@ -19,7 +19,8 @@ Sections of the file (names of settings are the plugin's argument names, see ``A
   claim (``claim_load_verdict``) and GPUClaimScore's score (``claim_score``).
 
 Random but seeded, so the output is a pure function of this code: ``python -m gpufleet_extender.conformance
-PATH`` writes it. Python 3.11's ``sum`` adds floats left to right like the Go loop; keep generating with 3.11.
+PATH`` writes it. Sums of loads are ``scoring.add_loads`` (left to right, as the Go loop), never the builtin ``sum``
+(compensated since Python 3.12): any Python 3.11+ writes the same file.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def _random_args(rng: random.Random, shared_focus: bool = False) -> dict[str, An
             "memUtilThreshold": 1.0,
             "sharedResources": {res: rng.choice([1, 2, 4, 4, 7]) for res in RESOURCES if rng.random() < 0.6},
             "interferenceWeight": rng.choice([0.0, 0.5, 1.0, round(rng.uniform(0, 3), 2)]),
+            "sharedMemFreeMin": rng.choice([0.0, 0.2, 0.35, 0.35, 0.5, round(rng.uniform(0, 0.9), 2)]),
         }
     args: dict[str, Any] = {}
     strategy = rng.choice(["spread", "spread", "pack", "auto"])
@@ -144,6 +146,8 @@ def _random_args(rng: random.Random, shared_focus: bool = False) -> dict[str, An
     if rng.random() < 0.4:  # time-sliced resources; replicas 1 is a shared resource judged as exclusive
         shared = rng.sample(RESOURCES, rng.choice([1, 1, 2]))
         args["sharedResources"] = {res: rng.choice([1, 2, 2, 4, 4, 7]) for res in shared}
+        if rng.random() < 0.5:
+            args["sharedMemFreeMin"] = rng.choice([0.0, 0.35, 0.5, round(rng.uniform(0, 0.9), 2)])
     if rng.random() < 0.4:
         args["interferenceWeight"] = rng.choice([0.0, 0.5, 1.0, 2.5, 10.0, round(rng.uniform(0, 3), 2)])
     return args
@@ -564,6 +568,10 @@ def _args_cases(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
         {"prometheusQuery": "raw"},
         {"prometheusQuery": "packed"},
         {"prometheusQuery": 1},
+        {"sharedMemFreeMin": 1.0},
+        {"sharedMemFreeMin": -0.01, "sharedResources": {"nvidia.com/mig-1g.10gb": 4}},
+        {"sharedMemFreeMin": "0.35"},
+        {"sharedMemFreeMin": 0.35, "sharedResources": {"nvidia.com/mig-1g.10gb": 4}},
     ]
     yield from ({"args": args} for args in fixed)
     ranges = {
@@ -576,6 +584,7 @@ def _args_cases(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
         "metricsMaxAgeSeconds": (-5, 100),
         "inflightMaxSeconds": (-5, 300),
         "interferenceWeight": (-1, 11),
+        "sharedMemFreeMin": (-0.1, 1.1),
     }
     for _ in range(count):
         args: dict[str, Any] = {"scoringStrategy": rng.choice(["spread", "pack", "auto"])}

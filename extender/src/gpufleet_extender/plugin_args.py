@@ -1,7 +1,7 @@
 """The GPUScore kube-scheduler plugin's args, checked by the extender's own rules: ``gpufleet-extender check-config
 --plugin-args`` (how the kube_scheduler role checks the pluginConfig it is about to deploy).
 
-The plugin (k8s/gpuscore/args.go) takes the extender's settings under camelCase names (``ARG_NAMES``), decoded
+The plugin (k8s/gpuscore/args_*.go) takes the extender's settings under camelCase names (``ARG_NAMES``), decoded
 strictly from JSON. Here the args are first checked for JSON types as the plugin decodes them (an unknown name or a
 wrong type is one problem each, and that argument keeps its default), then validated by ``config.Settings``: the
 ranges, choices and rules between settings are the extender's, written once there. The problems come out in the
@@ -19,6 +19,7 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import ValidationError
 
 from gpufleet_extender.config import (
+    MAX_REPLICAS,
     MappingOnlySettings,
     Settings,
     go_number,
@@ -26,38 +27,13 @@ from gpufleet_extender.config import (
     rule_problems,
     valid_rule_fields,
 )
+from gpufleet_extender.settings_contract import SETTINGS as CONTRACT
 
-# Extender setting -> plugin argument (the seed's three names, the rest in the same camelCase style).
-ARG_NAMES = {
-    "PROMETHEUS_URL": "prometheusURL",
-    "PROMETHEUS_TIMEOUT_SECONDS": "prometheusTimeoutSeconds",
-    "PROMETHEUS_CA_FILE": "prometheusCAFile",
-    "PROMETHEUS_TOKEN_FILE": "prometheusTokenFile",
-    "EXPORTER_JOB": "exporterJob",
-    "EXPORTER_NAMESPACE": "exporterNamespace",
-    "GPU_UTIL_THRESHOLD": "gpuUtilThreshold",
-    "MEM_UTIL_THRESHOLD": "memUtilThreshold",
-    "WEIGHT_GPU_UTIL": "weightGPUUtil",
-    "WEIGHT_MEM_UTIL": "weightMemUtil",
-    "METRICS_REFRESH_SECONDS": "metricsRefreshSeconds",
-    "METRICS_MAX_AGE_SECONDS": "metricsMaxAgeSeconds",
-    "METRICS_MAX_CLOCK_SKEW_SECONDS": "metricsMaxClockSkewSeconds",
-    "ON_MISSING_METRICS": "onMissingMetrics",
-    "NODE_NAME_LABELS": "nodeNameLabels",
-    "TENANT_LABEL": "tenantLabel",
-    "TENANT_POOLS": "tenantPools",
-    "INFLIGHT_MAX_SECONDS": "inflightMaxSeconds",
-    "SCORING_STRATEGY": "scoringStrategy",
-    "PACK_TARGET_UTIL": "packTargetUtil",
-    "AUTO_PACK_BELOW": "autoPackBelow",
-    "AUTO_HYSTERESIS": "autoHysteresis",
-    "SHARED_RESOURCES": "sharedResources",
-    "INTERFERENCE_WEIGHT": "interferenceWeight",
-    "PROMETHEUS_QUERY": "prometheusQuery",
-}
+# Extender setting -> plugin argument, as the settings contract names them.
+ARG_NAMES = {setting.name: setting.arg for setting in CONTRACT.values()}
 SETTING_NAMES = {arg: setting for setting, arg in ARG_NAMES.items()}
 # File settings that are unset in the plugin when empty (Go's zero value), where Settings would read "" as the path ".".
-UNSET_WHEN_EMPTY = frozenset({"PROMETHEUS_CA_FILE", "PROMETHEUS_TOKEN_FILE"})
+UNSET_WHEN_EMPTY = frozenset(setting.name for setting in CONTRACT.values() if setting.type == "path")
 
 # The JSON type each argument decodes from in Go (the Args struct's field types), and how a problem says it.
 _NUMBER, _STRING, _BOOL, _STRINGS, _REPLICAS = (
@@ -67,14 +43,16 @@ _NUMBER, _STRING, _BOOL, _STRINGS, _REPLICAS = (
     "a list of strings",
     "a mapping of resource name to whole replicas",
 )
-_KINDS = {
-    "TENANT_POOLS": _BOOL,
-    "NODE_NAME_LABELS": _STRINGS,
-    "SHARED_RESOURCES": _REPLICAS,
-    **{s: _STRING for s in ("PROMETHEUS_URL", "EXPORTER_JOB", "EXPORTER_NAMESPACE", "TENANT_LABEL")},
-    **{s: _STRING for s in ("PROMETHEUS_CA_FILE", "PROMETHEUS_TOKEN_FILE")},
-    **{s: _STRING for s in ("ON_MISSING_METRICS", "SCORING_STRATEGY", "PROMETHEUS_QUERY")},
+_KIND_OF_TYPE = {
+    "float": _NUMBER,
+    "string": _STRING,
+    "path": _STRING,
+    "choice": _STRING,
+    "bool": _BOOL,
+    "strings": _STRINGS,
+    "replicas": _REPLICAS,
 }
+_KINDS = {setting.name: _KIND_OF_TYPE[setting.type] for setting in CONTRACT.values()}
 
 
 def _is_whole(value: Any) -> bool:
@@ -151,7 +129,7 @@ def _field_problem(error: Any) -> str:
     setting, *rest = error["loc"]
     arg = ARG_NAMES[str(setting)]
     if rest:  # a sharedResources entry: its replicas
-        return f"{arg}: {rest[0]}: {error['input']} replicas is not in [1, 64]"
+        return f"{arg}: {rest[0]}: {error['input']} replicas is not in [1, {MAX_REPLICAS}]"
     if error["type"] in _RANGE_ERRORS:
         return f"{arg}: {go_number(float(error['input']))} is not in {_interval(str(setting))}"
     if error["type"] == "enum":

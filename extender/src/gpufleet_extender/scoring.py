@@ -20,9 +20,13 @@ place is made the same way everywhere. Public API:
   the devices the NVIDIA device plugin may hand the pod: those with the fewest pods once the in-flight pods took
   theirs (its ``distributed`` allocation; it ignores load and breaks ties arbitrarily);
 - ``short_of_memory(device, policy)`` - a shared device with less than ``SHARED_MEM_FREE_MIN`` of its memory
-  free (off at 0, the default; the Go plugin's vectors are generated with it off);
+  free (off at 0, the default);
 - ``interference_load(metrics, picked, policy, assumed)`` - mean load of the node's devices the pod would not
   hold, which ``spread`` subtracts from an exclusive resource's score times ``INTERFERENCE_WEIGHT``.
+
+Every sum of loads is ``add_loads``: plain left-to-right float addition, the loop GPUScore writes in Go, so that
+a decision is the same to the last bit in both and on every Python (the builtin ``sum`` compensates rounding
+since 3.12).
 
 A pod that asks for no GPU passes everywhere with ``NEUTRAL_SCORE``, so the extender never changes the
 placement of non-GPU pods.
@@ -44,6 +48,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from gpufleet_extender.pods import WHOLE_GPU_RESOURCE, GpuRequest, ResourceRequest
+from gpufleet_extender.settings_contract import default
 from gpufleet_extender.snapshot import DeviceMetrics, MetricsSnapshot, NodeMetrics
 
 MIN_SCORE = 0
@@ -101,21 +106,28 @@ class PolicySettings(Protocol):
     def SHARED_MEM_FREE_MIN(self) -> float: ...
 
 
+_DEFAULT_STRATEGY = Strategy(default("SCORING_STRATEGY"))
+_DEFAULT_SHARED: tuple[tuple[str, int], ...] = tuple(sorted(default("SHARED_RESOURCES").items()))
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
-    gpu_util_threshold: float = 0.8
-    mem_util_threshold: float = 0.9
-    weight_gpu_util: float = 0.7
-    weight_mem_util: float = 0.3
-    max_age_seconds: float = 30.0  # 0: samples never go stale
-    deny_missing: bool = False  # ON_MISSING_METRICS=deny
-    strategy: Strategy = Strategy.SPREAD
-    pack_target_util: float = 0.6  # PACK_TARGET_UTIL
-    auto_pack_below: float = 0.4  # AUTO_PACK_BELOW
-    auto_hysteresis: float = 0.1  # AUTO_HYSTERESIS: auto spreads only above AUTO_PACK_BELOW + this
-    shared_resources: tuple[tuple[str, int], ...] = ()  # SHARED_RESOURCES: (resource, time-slicing replicas)
-    interference_weight: float = 0.0  # INTERFERENCE_WEIGHT: 0 = spread ignores the node's other devices
-    shared_mem_free_min: float = 0.0  # SHARED_MEM_FREE_MIN: memory share free on each shared candidate (0 = off)
+    """What a verdict depends on besides its inputs; the defaults are the settings contract's."""
+
+    gpu_util_threshold: float = default("GPU_UTIL_THRESHOLD")
+    mem_util_threshold: float = default("MEM_UTIL_THRESHOLD")
+    weight_gpu_util: float = default("WEIGHT_GPU_UTIL")
+    weight_mem_util: float = default("WEIGHT_MEM_UTIL")
+    max_age_seconds: float = default("METRICS_MAX_AGE_SECONDS")  # 0: samples never go stale
+    deny_missing: bool = default("ON_MISSING_METRICS") == "deny"  # ON_MISSING_METRICS=deny
+    strategy: Strategy = _DEFAULT_STRATEGY
+    pack_target_util: float = default("PACK_TARGET_UTIL")  # PACK_TARGET_UTIL
+    auto_pack_below: float = default("AUTO_PACK_BELOW")  # AUTO_PACK_BELOW
+    auto_hysteresis: float = default("AUTO_HYSTERESIS")  # AUTO_HYSTERESIS: auto spreads above AUTO_PACK_BELOW + this
+    # SHARED_RESOURCES: (resource, time-slicing replicas)
+    shared_resources: tuple[tuple[str, int], ...] = _DEFAULT_SHARED
+    interference_weight: float = default("INTERFERENCE_WEIGHT")  # INTERFERENCE_WEIGHT: 0 = spread ignores other devices
+    shared_mem_free_min: float = default("SHARED_MEM_FREE_MIN")  # SHARED_MEM_FREE_MIN: memory share free (0 = off)
 
     @classmethod
     def from_settings(cls, settings: PolicySettings) -> Policy:
@@ -189,6 +201,15 @@ def device_load(device: DeviceMetrics, policy: Policy) -> float:
     return policy.weight_gpu_util * device.util + policy.weight_mem_util * mem
 
 
+def add_loads(loads: Iterable[float], start: float = 0.0) -> float:
+    """``start + l1 + l2 + ...`` added left to right in plain float arithmetic (GPUScore's loop; never ``sum``, whose
+    rounding changed in Python 3.12)."""
+    total = start
+    for load in loads:
+        total += load
+    return total
+
+
 def below_thresholds(device: DeviceMetrics, policy: Policy) -> bool:
     mem_ok = device.mem is None or device.mem < policy.mem_util_threshold
     return device.util < policy.gpu_util_threshold and mem_ok
@@ -218,7 +239,7 @@ def score_devices(devices: Sequence[DeviceMetrics], count: int, policy: Policy) 
     """``10 x (1 - mean load)`` over ``count`` devices; devices short of ``count`` count as fully loaded."""
     if count <= 0:
         return NEUTRAL_SCORE
-    total_load = sum(device_load(d, policy) for d in devices) + max(0, count - len(devices))
+    total_load = add_loads(device_load(d, policy) for d in devices) + max(0, count - len(devices))
     raw = MAX_SCORE * (1.0 - total_load / count)
     return max(MIN_SCORE, min(MAX_SCORE, round(raw)))
 
@@ -257,7 +278,7 @@ def pack_score(load: float, target: float) -> int:
 
 def _ranked_mean_load(ranked: Sequence[DeviceMetrics], policy: Policy, assumed: int) -> float:
     taken = min(assumed, len(ranked))  # in-flight pods took the least-loaded devices (as in pick_devices)
-    return (taken + sum(device_load(d, policy) for d in ranked[taken:])) / len(ranked)
+    return (taken + add_loads(device_load(d, policy) for d in ranked[taken:])) / len(ranked)
 
 
 def shared_candidates(
@@ -335,7 +356,7 @@ def _evaluate_shared(
             f"({full[0].key}: mem {full[0].mem:.2f}, less than SHARED_MEM_FREE_MIN {policy.shared_mem_free_min:g} "
             f"free; {full[0].pods} pod(s))",
         )
-    mean = sum(device_load(d, policy) for d in candidates) / len(candidates)
+    mean = add_loads(device_load(d, policy) for d in candidates) / len(candidates)
     score = max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * (1.0 - mean))))
     return NodeVerdict(
         True,
@@ -436,7 +457,7 @@ def _with_interference(
     taken = (assumed or {}).get(want.resource, 0)
     picked = pick_devices(devices, want.count, policy, taken)
     others = interference_load(metrics, picked, policy, assumed)
-    mean = (sum(device_load(d, policy) for d in picked) + max(0, want.count - len(picked))) / want.count
+    mean = (add_loads(device_load(d, policy) for d in picked) + max(0, want.count - len(picked))) / want.count
     raw = MAX_SCORE * (1.0 - mean - policy.interference_weight * others)
     score = max(MIN_SCORE, min(MAX_SCORE, round(raw)))
     reason = (
@@ -463,7 +484,7 @@ def evaluate_nodes(
     }
 
 
-# --- DRA claims (GPUClaimScore, k8s/gpuscore/claims.go; docs/dra.md) ----------------------------------------------
+# --- DRA claims (GPUClaimScore, k8s/plugins/gpuclaimscore; docs/dra.md) -------------------------------------------
 # A DRA claim names no extended resource, and with DynamicMIG the instance it gets does not exist before the
 # allocation: the load a claim's node is judged by is the node's devices as dcgm-exporter reports them, whole GPUs
 # and MIG instances of every profile together, under GPUScore's rule (thresholds, weights, missing and stale
@@ -508,7 +529,7 @@ def fleet_mean_load(snapshot: MetricsSnapshot, policy: Policy, now: float) -> di
             continue  # a stale node says nothing about the fleet now
         for resource, devices in metrics.devices.items():
             entry = totals.setdefault(resource, [0.0, 0])
-            entry[0] += sum(device_load(d, policy) for d in devices)
+            entry[0] += add_loads(device_load(d, policy) for d in devices)
             entry[1] += len(devices)
     return {resource: total / count for resource, (total, count) in totals.items() if count}
 

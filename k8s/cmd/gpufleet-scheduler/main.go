@@ -11,13 +11,14 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 
-	"github.com/gpufleet/mig/k8s/gpuscore"
+	"github.com/gpufleet/mig/k8s/plugins/gpuclaimscore"
+	"github.com/gpufleet/mig/k8s/plugins/gpuscore"
 )
 
 func main() {
 	command := app.NewSchedulerCommand(
 		app.WithPlugin(gpuscore.Name, gpuscore.New),
-		app.WithPlugin(gpuscore.ClaimScoreName, gpuscore.NewClaimScore),
+		app.WithPlugin(gpuclaimscore.Name, gpuclaimscore.New),
 	)
 	os.Exit(cli.Run(command))
 }

@@ -596,10 +596,15 @@ def test_scoring_strategy_reaches_the_extender_settings(tmp_path):
     rendered = render_extender(
         tmp_path,
         "inventories/hongkong+lab",
-        extra_vars={"gpu_extender_scoring_strategy": "auto", "gpu_extender_auto_pack_below": 0.3},
+        extra_vars={
+            "gpu_extender_scoring_strategy": "auto",
+            "gpu_extender_auto_pack_below": 0.3,
+            "gpu_extender_shared_mem_free_min": 0.35,
+        },
     )
     data = rendered["ConfigMap"]["data"]
     assert (data["SCORING_STRATEGY"], data["AUTO_PACK_BELOW"]) == ("auto", "0.3")
+    assert data["SHARED_MEM_FREE_MIN"] == "0.35"
     # a setting left null is left to the extender's own default, not restated in the ConfigMap
     assert "PACK_TARGET_UTIL" not in data and "GPU_UTIL_THRESHOLD" not in data
 
@@ -626,7 +631,7 @@ def test_the_pools_sharing_reaches_the_extender_as_the_pod_reads_it(tmp_path, mo
     data = render_extender(tmp_path / "none", "inventories/hongkong+lab", {"gpufleet_tenants": tenants})["ConfigMap"][
         "data"
     ]
-    assert "SHARED_RESOURCES" not in data and "INTERFERENCE_WEIGHT" not in data
+    assert "SHARED_RESOURCES" not in data and "INTERFERENCE_WEIGHT" not in data and "SHARED_MEM_FREE_MIN" not in data
 
 
 def test_a_bad_interference_weight_or_sharing_is_refused(tmp_path):

@@ -31,6 +31,7 @@ from conftest import (
     write_inventory,
 )
 from conftest import render_roles as render_inventory
+from gpufleet_extender.settings_contract import SETTINGS
 from pydantic import BaseModel, ConfigDict, Field
 from support import LAB
 
@@ -308,7 +309,10 @@ def test_lab_renders_the_plugin_scheduler_with_the_extenders_settings(tmp_path):
     # The gpu_extender role's settings under the plugin's names, native types (the plugin decodes strictly).
     args = plugin_config["args"]
     assert args["prometheusURL"] == "https://prometheus-operated.monitoring.svc:9090"
-    assert (args["weightGPUUtil"], args["weightMemUtil"], args["gpuUtilThreshold"]) == (0.7, 0.3, 0.8)
+    # Where the inventory says nothing, the settings contract's defaults (what the roles deploy).
+    for setting in SETTINGS.values():
+        if setting.scheduler_arg and "{{" not in str(setting.deployed_default):
+            assert args[setting.arg] == setting.deployed_default, setting.arg
     assert args["nodeNameLabels"] == ["Hostname", "hostname"] and args["tenantPools"] is True
     assert args["scoringStrategy"] == "spread" and args["metricsMaxAgeSeconds"] == 60
     assert (args["exporterJob"], args["exporterNamespace"]) == ("dcgm-exporter", "gpufleet-node-agents")
@@ -350,6 +354,12 @@ def test_plugin_mode_renders_shared_resources_and_the_interference_weight(tmp_pa
         render_roles([ROLE], tmp_path / "follows", extra_vars={"gpu_extender_interference_weight": 2})
     )
     assert follows["profiles"][0]["pluginConfig"][0]["args"]["interferenceWeight"] == 2.0
+    # The shared-memory rule likewise: off (0.0, a float) unless the extender's variable sets it.
+    assert type(args["sharedMemFreeMin"]) is float and args["sharedMemFreeMin"] == 0.0
+    guarded = scheduler_config(
+        render_roles([ROLE], tmp_path / "guarded", extra_vars={"gpu_extender_shared_mem_free_min": 0.35})
+    )
+    assert guarded["profiles"][0]["pluginConfig"][0]["args"]["sharedMemFreeMin"] == 0.35
     extra = {
         "kube_scheduler_plugin_shared_resources": {"nvidia.com/mig-1g.10gb": 4, "nvidia.com/gpu": "2"},
         "kube_scheduler_plugin_interference_weight": 1,

@@ -1,4 +1,4 @@
-package gpuscore
+package gpumetrics
 
 // The metrics path: Prometheus over https with a pinned CA (prometheusCAFile) and a bearer token re-read at each
 // refresh (prometheusTokenFile), against real TLS servers on 127.0.0.1.
@@ -23,6 +23,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpufleet/mig/k8s/gpuscore"
 
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -105,11 +107,11 @@ func otherCAServer(t *testing.T, handler http.Handler) (*httptest.Server, string
 
 func pinnedSource(t *testing.T, url, caFile, tokenFile string) *PrometheusSource {
 	t.Helper()
-	source := NewPrometheusSource(url, []string{"Hostname"}, 2*time.Second, 5, "")
-	if err := source.PinCA(caFile); err != nil {
+	source := newPrometheusSource(url, []string{"Hostname"}, 2*time.Second, 5, "")
+	if err := source.pinCA(caFile); err != nil {
 		t.Fatal(err)
 	}
-	source.UseTokenFile(tokenFile)
+	source.useTokenFile(tokenFile)
 	return source
 }
 
@@ -125,7 +127,7 @@ func TestPinnedCAAcceptsItsServerAndRefusesAnotherCAs(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the pinned CA's server: %v", err)
 	}
-	if got := snapshot.Nodes["n1"]; got == nil || got.Devices[WholeGPUResource][0].Util != 0.4 {
+	if got := snapshot.Nodes["n1"]; got == nil || got.Devices[gpuscore.WholeGPUResource][0].Util != 0.4 {
 		t.Errorf("snapshot from the pinned server: %+v", snapshot.Nodes)
 	}
 
@@ -199,8 +201,8 @@ func TestTokenIsSentAndReReadAtEachRefresh(t *testing.T) {
 	}
 
 	// Without a token file no Authorization header is sent (the extender's behaviour with the setting unset).
-	open := NewPrometheusSource(server.URL, []string{"Hostname"}, 2*time.Second, 5, "")
-	if err := open.PinCA(caFile); err != nil {
+	open := newPrometheusSource(server.URL, []string{"Hostname"}, 2*time.Second, 5, "")
+	if err := open.pinCA(caFile); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := open.Fetch(context.Background(), 1); err != nil {
@@ -217,7 +219,7 @@ func TestAFailingTokenFileMakesTheRefreshFailWithItsMessage(t *testing.T) {
 	defer server.Close()
 	caFile := writeFile(t, dir, "ca.crt", certPEM(server.Certificate()))
 	tokenFile := filepath.Join(dir, "absent")
-	args := DefaultArgs()
+	args := gpuscore.DefaultArgs()
 	refresher := NewRefresher(pinnedSource(t, server.URL, caFile, tokenFile), time.Second, args.Policy())
 	if refresher.RefreshOnce(context.Background()) {
 		t.Fatal("a refresh without a readable token file succeeded")
@@ -236,7 +238,7 @@ func TestCAFileProblemsStopTheSchedulerWithTheOtherArgsProblems(t *testing.T) {
 		{notPEM, "prometheusCAFile: no PEM certificate in " + notPEM},
 	} {
 		raw := fmt.Sprintf(`{"prometheusURL":"https://prometheus.example:9090","prometheusCAFile":%q,"weightGPUUtil":0.5}`, c.caFile)
-		_, err := New(context.Background(), &runtime.Unknown{Raw: []byte(raw), ContentType: runtime.ContentTypeJSON}, nil)
+		_, _, err := StartMetrics(context.Background(), &runtime.Unknown{Raw: []byte(raw), ContentType: runtime.ContentTypeJSON}, "GPUScore")
 		if err == nil {
 			t.Fatalf("%s: the plugin started", c.caFile)
 		}
@@ -250,7 +252,7 @@ func TestCAFileProblemsStopTheSchedulerWithTheOtherArgsProblems(t *testing.T) {
 }
 
 func TestACAFileNeedsAnHTTPSURL(t *testing.T) {
-	args, problems := ParseArgs(&runtime.Unknown{
+	args, problems := gpuscore.ParseArgs(&runtime.Unknown{
 		Raw:         []byte(`{"prometheusURL":"http://prometheus:9090","prometheusCAFile":"/ca.crt","prometheusTokenFile":"/token"}`),
 		ContentType: runtime.ContentTypeJSON,
 	})

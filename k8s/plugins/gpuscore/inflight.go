@@ -11,13 +11,15 @@ import (
 	"math"
 	"sync"
 
+	"github.com/gpufleet/mig/k8s/gpuscore"
+
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
 type boundPod struct {
 	node         string
-	request      []ResourceRequest
+	request      []gpuscore.ResourceRequest
 	boundAt      float64
 	runningSince float64 // earliest container start; 0 while not running
 	reserved     bool    // from Reserve, not yet seen bound: only Unreserve or deletion forgets it
@@ -34,7 +36,7 @@ type Inflight struct {
 
 	// The last Assumed answer and what it was computed from (a scheduling cycle reads it once).
 	cacheVersion  uint64
-	cacheSnapshot *Snapshot
+	cacheSnapshot *gpuscore.Snapshot
 	cacheUntil    float64
 	cache         map[string]map[string]int
 }
@@ -44,7 +46,7 @@ func NewInflight(maxSeconds float64) *Inflight {
 }
 
 // Reserve counts pod's request on node from now (the scheduler assumed it there).
-func (f *Inflight) Reserve(uid types.UID, node string, request []ResourceRequest, now float64) {
+func (f *Inflight) Reserve(uid types.UID, node string, request []gpuscore.ResourceRequest, now float64) {
 	if len(request) == 0 {
 		return
 	}
@@ -129,7 +131,7 @@ func boundPodOf(pod *v1.Pod, seenAt float64) *boundPod {
 	if pod.Spec.NodeName == "" || terminal(pod) {
 		return nil
 	}
-	request := PodGPURequest(pod)
+	request := gpuscore.PodGPURequest(pod)
 	if len(request) == 0 {
 		return nil
 	}
@@ -151,7 +153,7 @@ func boundPodOf(pod *v1.Pod, seenAt float64) *boundPod {
 }
 
 // Assumed is, per node and resource, the devices taken by pods no sample of snapshot covers yet at now.
-func (f *Inflight) Assumed(snapshot *Snapshot, now float64) map[string]map[string]int {
+func (f *Inflight) Assumed(snapshot *gpuscore.Snapshot, now float64) map[string]map[string]int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.cacheVersion == f.version && f.cacheSnapshot == snapshot && now < f.cacheUntil {

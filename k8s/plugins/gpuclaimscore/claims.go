@@ -1,4 +1,5 @@
-package gpuscore
+// Package gpuclaimscore is GPUClaimScore, a kube-scheduler framework plugin for pods with DRA claims.
+package gpuclaimscore
 
 // GPUClaimScore: GPUScore for pods that get their GPUs through DRA ResourceClaims (NVIDIA's DRA driver with
 // DynamicMIG). kube-scheduler's allocator takes the first device that fits on the chosen node and has no device
@@ -6,9 +7,9 @@ package gpuscore
 // itself which devices it would take there (the same structured allocator, slices, classes and allocated state as
 // the DynamicResources plugin), and scores the node by the room for large profiles that choice would take away:
 // the node where first fit fragments the least wins, then the node whose GPU is fullest (packing keeps empty GPUs
-// for whole-GPU and 7g claims). Then GPUScore's load rule, on the same snapshot as GPUScore (claimload.go): the
-// node's mean device load takes up to 50 points off, and a node GPUScore would filter (every device at or above
-// the thresholds; missing or stale metrics under onMissingMetrics deny) scores 0.
+// for whole-GPU and 7g claims). Then GPUScore's load rule, on the same snapshot as GPUScore
+// (gpuscore/claimload.go): the node's mean device load takes up to 50 points off, and a node GPUScore would filter
+// (every device at or above the thresholds; missing or stale metrics under onMissingMetrics deny) scores 0.
 //
 // The rules are plugins/module_utils/dra_placement.py's (room, loss, score), checked here through
 // testdata/dra_vectors.json generated from it. A device's GPU and placement are read from the counters it consumes
@@ -27,6 +28,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpufleet/mig/k8s/gpumetrics"
+
+	"github.com/gpufleet/mig/k8s/gpuscore"
+
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -41,10 +46,10 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
 )
 
-// ClaimScoreName is the plugin's name in the KubeSchedulerConfiguration.
-const ClaimScoreName = "GPUClaimScore"
+// Name is the plugin's name in the KubeSchedulerConfiguration.
+const Name = "GPUClaimScore"
 
-const claimStateKey fwk.StateKey = ClaimScoreName
+const claimStateKey fwk.StateKey = Name
 
 // Placement rules of dra_placement.py.
 const (
@@ -61,8 +66,8 @@ type ClaimScore struct {
 	handle   fwk.Handle
 	features structured.Features
 	celCache *cel.Cache
-	policy   Policy
-	metrics  *Refresher
+	policy   gpuscore.Policy
+	metrics  *gpumetrics.Refresher
 	clock    func() float64
 }
 
@@ -71,22 +76,22 @@ var (
 	_ fwk.ScorePlugin    = (*ClaimScore)(nil)
 )
 
-// NewClaimScore builds the plugin from GPUScore's args (the same names, defaults and checks: the load rule is
+// New builds the plugin from GPUScore's args (the same names, defaults and checks: the load rule is
 // GPUScore's); with equal args both plugins read one Refresher.
-func NewClaimScore(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
-	args, metrics, err := startMetrics(ctx, obj, ClaimScoreName)
+func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
+	args, metrics, err := gpumetrics.StartMetrics(ctx, obj, Name)
 	if err != nil {
 		return nil, err
 	}
 	return newClaimScore(handle, args, metrics), nil
 }
 
-func newClaimScore(handle fwk.Handle, args Args, metrics *Refresher) *ClaimScore {
+func newClaimScore(handle fwk.Handle, args gpuscore.Args, metrics *gpumetrics.Refresher) *ClaimScore {
 	fts := feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
 	return &ClaimScore{
 		policy:   args.Policy(),
 		metrics:  metrics,
-		clock:    nowSeconds,
+		clock:    gpumetrics.Now,
 		handle:   handle,
 		features: dynamicresources.AllocatorFeatures(fts),
 		celCache: cel.NewCache(10, cel.Features{
@@ -96,7 +101,7 @@ func newClaimScore(handle fwk.Handle, args Args, metrics *Refresher) *ClaimScore
 	}
 }
 
-func (c *ClaimScore) Name() string { return ClaimScoreName }
+func (c *ClaimScore) Name() string { return Name }
 
 // gpuKey names one GPU: its driver, pool and counter set.
 type gpuKey struct{ driver, pool, counterSet string }
@@ -112,8 +117,8 @@ type claimState struct {
 	claims    []*resourceapi.ResourceClaim
 	devices   map[structured.DeviceID]placement
 	occupied  map[gpuKey]sets.Set[int]
-	view      *View   // GPUScore's metrics, one view for the cycle
-	now       float64 // the cycle's clock, for metrics age
+	view      *gpumetrics.View // GPUScore's metrics, one view for the cycle
+	now       float64          // the cycle's clock, for metrics age
 }
 
 func (s *claimState) Clone() fwk.StateData { return s }
@@ -182,7 +187,7 @@ func allocatedDevices(ctx context.Context, tracker fwk.ResourceClaimTracker) (se
 		return err == nil, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: allocated devices: %w", ClaimScoreName, err)
+		return nil, fmt.Errorf("%s: allocated devices: %w", Name, err)
 	}
 	return devices, nil
 }
@@ -250,8 +255,8 @@ func (c *ClaimScore) nodeScore(s *claimState, node string, results []resourceapi
 	if !placed {
 		return score
 	}
-	load := ClaimLoadVerdict(node, s.view.Snapshot.Nodes[node], &c.policy, s.now, s.view.Modes, false)
-	return ClaimNodeScore(score, load)
+	load := gpuscore.ClaimLoadVerdict(node, s.view.Snapshot.Nodes[node], &c.policy, s.now, s.view.Modes, false)
+	return gpuscore.ClaimNodeScore(score, load)
 }
 
 // scoreChoice: the score of the devices the allocator would take (dra_placement.evaluate_node, summed over a

@@ -1,4 +1,4 @@
-package gpuscore
+package gpumetrics
 
 // Blindness: when decisions use no GPU metrics at all (none loaded yet, or the newest sample older than
 // metricsMaxAgeSeconds), GPUScore places like a scheduler that knows nothing (onMissingMetrics allow) or places
@@ -20,6 +20,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/gpufleet/mig/k8s/gpuscore"
 
 	"k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/legacyregistry"
@@ -57,14 +59,14 @@ var (
 // staleNodesNamed is how many stale nodes the log names (the count is always whole).
 const staleNodesNamed = 5
 
-// RegisterMetrics adds GPUScore's metrics to the scheduler's /metrics (once per process).
-func RegisterMetrics() {
+// registerMetricsOnce adds GPUScore's metrics to the scheduler's /metrics (once per process).
+func registerMetricsOnce() {
 	registerMetrics.Do(func() { legacyregistry.MustRegister(metricsBlind, refreshFailures, metricsStaleNodes) })
 }
 
 // BlindReason says why decisions use no metrics at now ("" while they use some): no node in the snapshot, or its
 // newest sample older than the policy's maximum age; lastError is the source's last failure, if any.
-func BlindReason(s *Snapshot, p *Policy, now float64, lastError string) string {
+func BlindReason(s *gpuscore.Snapshot, p *gpuscore.Policy, now float64, lastError string) string {
 	reason := ""
 	if len(s.Nodes) == 0 {
 		reason = "no GPU metrics loaded"
@@ -77,10 +79,10 @@ func BlindReason(s *Snapshot, p *Policy, now float64, lastError string) string {
 	return reason
 }
 
-// StaleNodes is service.Extender.stale_nodes: the nodes whose newest sample is older than the policy's maximum age
+// staleNodes is service.Extender.stale_nodes: the nodes whose newest sample is older than the policy's maximum age
 // while the snapshot as a whole is fresh (none when it is not: that is BlindReason's case), with a description
 // naming the first staleNodesNamed by name.
-func StaleNodes(s *Snapshot, p *Policy, now float64) (count int, description string) {
+func staleNodes(s *gpuscore.Snapshot, p *gpuscore.Policy, now float64) (count int, description string) {
 	if p.MaxAgeSeconds == 0 || len(s.Nodes) == 0 || now-s.NewestSample > p.MaxAgeSeconds {
 		return 0, ""
 	}
@@ -143,7 +145,7 @@ func (b *blindness) observe(reason string, onMissing string, now float64) {
 	}
 }
 
-// observeStale records the nodes blind while others are not (StaleNodes) after a refresh that left the fleet
+// observeStale records the nodes blind while others are not (staleNodes) after a refresh that left the fleet
 // not blind: WARNING when their count changes and every blindWarnEvery while it lasts, and when it ends.
 func (b *blindness) observeStale(count int, description string, of int, onMissing string, now float64) {
 	b.mu.Lock()
@@ -167,3 +169,6 @@ func (b *blindness) eventDue(now float64) bool {
 	}
 	return b.lastEvent.CompareAndSwap(last, math.Float64bits(now))
 }
+
+// BlindEventDue says whether a pod placed now, while blind, gets the Warning event (at most one per blindWarnEvery).
+func (r *Refresher) BlindEventDue(now float64) bool { return r.blind.eventDue(now) }

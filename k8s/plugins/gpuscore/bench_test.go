@@ -6,6 +6,9 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/gpufleet/mig/k8s/gpuscore"
+
+	"github.com/gpufleet/mig/k8s/gpumetrics/metricstest"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 )
@@ -23,28 +26,28 @@ func benchmarkCycle(b *testing.B, instances, replicas int) {
 	const nodes = 1000
 	rng := rand.New(rand.NewSource(1))
 	now := 1000.0
-	snapshot := &Snapshot{Nodes: map[string]*NodeMetrics{}}
+	snapshot := &gpuscore.Snapshot{Nodes: map[string]*gpuscore.NodeMetrics{}}
 	names := make([]string, nodes)
 	for i := range names {
 		names[i] = fmt.Sprintf("node-%04d", i)
-		devices := make([]Device, instances)
+		devices := make([]gpuscore.Device, instances)
 		for j := range devices {
 			// As tests/dcgm_fleet.py loads bench-scheduler's fleet: every tenth node hot, the others 0..0.7.
 			util := rng.Float64() * 0.7
 			if i%10 == 9 {
 				util = 0.95
 			}
-			devices[j] = Device{Key: fmt.Sprintf("%d/%d", j/7, j%7+1), Util: util, Mem: util, HasMem: true,
+			devices[j] = gpuscore.Device{Key: fmt.Sprintf("%d/%d", j/7, j%7+1), Util: util, Mem: util, HasMem: true,
 				Pods: rng.Intn(replicas), HasPods: true}
 		}
-		snapshot.Nodes[names[i]] = &NodeMetrics{Name: names[i], SampleTime: now, Devices: map[string][]Device{mig: devices}}
+		snapshot.Nodes[names[i]] = &gpuscore.NodeMetrics{Name: names[i], SampleTime: now, Devices: map[string][]gpuscore.Device{mig: devices}}
 		snapshot.Order = append(snapshot.Order, names[i])
 	}
-	args := DefaultArgs()
+	args := gpuscore.DefaultArgs()
 	if replicas > 1 {
 		args.SharedResources = map[string]int{mig: replicas}
 	}
-	g := newPlugin(args, &fakeSource{snapshot: snapshot})
+	g := newPlugin(args, &metricstest.Source{Snapshot: snapshot})
 	g.clock = func() float64 { return now }
 	g.metrics.RefreshOnce(context.Background())
 	infos := make([]fwk.NodeInfo, nodes)

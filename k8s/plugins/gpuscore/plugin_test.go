@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/gpufleet/mig/k8s/gpumetrics"
+	"github.com/gpufleet/mig/k8s/gpuscore"
+
+	"github.com/gpufleet/mig/k8s/gpumetrics/metricstest"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,37 +22,7 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 )
 
-const mig = "nvidia.com/mig-2g.20gb"
-
-type fakeSource struct {
-	snapshot *Snapshot
-	err      error
-	calls    int
-}
-
-func (f *fakeSource) Fetch(_ context.Context, version uint64) (*Snapshot, error) {
-	f.calls++
-	if f.err != nil {
-		return nil, f.err
-	}
-	s := *f.snapshot
-	s.Version = version
-	return &s, nil
-}
-
-// fleet: node -> instance loads (util; mem 0), sampled now.
-func fleet(now float64, nodes map[string][]float64) *Snapshot {
-	s := &Snapshot{Nodes: map[string]*NodeMetrics{}}
-	for name, utils := range nodes {
-		devices := make([]Device, len(utils))
-		for i, u := range utils {
-			devices[i] = Device{Key: fmt.Sprintf("0/%d", i), Util: u, HasMem: true}
-		}
-		s.Nodes[name] = &NodeMetrics{Name: name, SampleTime: now, Devices: map[string][]Device{mig: devices}}
-		s.Order = append(s.Order, name)
-	}
-	return s
-}
+const mig = metricstest.MIG
 
 func migPod(name string, count int64) *v1.Pod {
 	return &v1.Pod{
@@ -68,10 +39,10 @@ func nodeInfo(name string, labels map[string]string) fwk.NodeInfo {
 	return info
 }
 
-func testPlugin(t *testing.T, args Args, source Source, now float64) *GPUScore {
+func testPlugin(t *testing.T, args gpuscore.Args, source gpumetrics.Source, now float64) *GPUScore {
 	t.Helper()
-	if err := args.Validate(); err != nil {
-		t.Fatal(err)
+	if errs := gpuscore.ValidateArgs(nil, &args); len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
 	}
 	g := newPlugin(args, source)
 	g.clock = func() float64 { return now }
@@ -113,8 +84,8 @@ func schedule(t *testing.T, g *GPUScore, pod *v1.Pod, nodes []string) (string, m
 
 func TestFilterRefusesNodesAtTheThresholdAndScoreScalesTheExtenderScore(t *testing.T) {
 	now := 1000.0
-	source := &fakeSource{snapshot: fleet(now, map[string][]float64{"hot": {0.8, 0.95}, "warm": {0.6, 0.4}, "cool": {0.1, 0.3}})}
-	g := testPlugin(t, DefaultArgs(), source, now)
+	source := &metricstest.Source{Snapshot: metricstest.Fleet(now, map[string][]float64{"hot": {0.8, 0.95}, "warm": {0.6, 0.4}, "cool": {0.1, 0.3}})}
+	g := testPlugin(t, gpuscore.DefaultArgs(), source, now)
 	ctx := context.Background()
 	state := framework.NewCycleState()
 	pod := migPod("p", 1)
@@ -130,7 +101,7 @@ func TestFilterRefusesNodesAtTheThresholdAndScoreScalesTheExtenderScore(t *testi
 			t.Fatalf("%s refused", node)
 		}
 		score, _ := g.Score(ctx, state, pod, nodeInfo(node, nil))
-		verdict := EvaluateNode(node, source.snapshot.Nodes[node], PodGPURequest(pod), &g.policy, now, nil, nil)
+		verdict := gpuscore.Evaluate(node, source.Snapshot.Nodes[node], gpuscore.PodGPURequest(pod), &g.policy, now, nil, nil, true)
 		if score != int64(verdict.Score)*10 || score != want {
 			t.Errorf("%s: score %d, extender %d x 10, want %d", node, score, verdict.Score, want)
 		}
@@ -138,7 +109,7 @@ func TestFilterRefusesNodesAtTheThresholdAndScoreScalesTheExtenderScore(t *testi
 }
 
 func TestPodsWithoutGPUsSkipTheFilterAndAreBatchable(t *testing.T) {
-	g := testPlugin(t, DefaultArgs(), &fakeSource{snapshot: fleet(1, nil)}, 1)
+	g := testPlugin(t, gpuscore.DefaultArgs(), &metricstest.Source{Snapshot: metricstest.Fleet(1, nil)}, 1)
 	plain := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c"}}}}
 	if _, status := g.PreFilter(context.Background(), framework.NewCycleState(), plain, nil); status.Code() != fwk.Skip {
 		t.Errorf("PreFilter of a pod without GPUs: %v, want Skip", status)
@@ -154,8 +125,8 @@ func TestPodsWithoutGPUsSkipTheFilterAndAreBatchable(t *testing.T) {
 func TestABurstSpreadsThroughReserveAndUnreserveGivesTheDevicesBack(t *testing.T) {
 	now := 1000.0
 	nodes := []string{"a", "b", "c"}
-	source := &fakeSource{snapshot: fleet(now, map[string][]float64{"a": {0, 0}, "b": {0.1, 0.1}, "c": {0.2, 0.2}})}
-	g := testPlugin(t, DefaultArgs(), source, now)
+	source := &metricstest.Source{Snapshot: metricstest.Fleet(now, map[string][]float64{"a": {0, 0}, "b": {0.1, 0.1}, "c": {0.2, 0.2}})}
+	g := testPlugin(t, gpuscore.DefaultArgs(), source, now)
 	placed := map[string]int{}
 	for i := 0; i < 6; i++ {
 		node, _ := schedule(t, g, migPod(fmt.Sprintf("p%d", i), 1), nodes)
@@ -176,13 +147,13 @@ func TestABurstSpreadsThroughReserveAndUnreserveGivesTheDevicesBack(t *testing.T
 
 func TestInflightFollowsThePodInformer(t *testing.T) {
 	now := 1000.0
-	source := &fakeSource{snapshot: fleet(now, map[string][]float64{"a": {0.1}})}
-	g := testPlugin(t, DefaultArgs(), source, now)
+	source := &metricstest.Source{Snapshot: metricstest.Fleet(now, map[string][]float64{"a": {0.1}})}
+	g := testPlugin(t, gpuscore.DefaultArgs(), source, now)
 	pod := migPod("p", 1)
-	g.inflight.Reserve(pod.UID, "a", PodGPURequest(pod), now)
+	g.inflight.Reserve(pod.UID, "a", gpuscore.PodGPURequest(pod), now)
 	pending := pod.DeepCopy() // an update before the binding shows must not drop the reservation
 	g.inflight.Observe(pending, false, now)
-	if got := g.inflight.Assumed(source.snapshot, now)["a"][mig]; got != 1 {
+	if got := g.inflight.Assumed(source.Snapshot, now)["a"][mig]; got != 1 {
 		t.Fatalf("reserved pod: assumed %d, want 1", got)
 	}
 	bound := pod.DeepCopy()
@@ -191,14 +162,14 @@ func TestInflightFollowsThePodInformer(t *testing.T) {
 		StartedAt: metav1.NewTime(time.Unix(int64(now)-10, 0))}}}}
 	g.inflight.Observe(bound, false, now)
 	// The node's sample (taken at now) is newer than the container start: the sample shows the pod's load.
-	if got := g.inflight.Assumed(source.snapshot, now)["a"][mig]; got != 0 {
+	if got := g.inflight.Assumed(source.Snapshot, now)["a"][mig]; got != 0 {
 		t.Fatalf("running pod covered by a sample: assumed %d, want 0", got)
 	}
-	older := fleet(now-20, map[string][]float64{"a": {0.1}})
+	older := metricstest.Fleet(now-20, map[string][]float64{"a": {0.1}})
 	if got := g.inflight.Assumed(older, now)["a"][mig]; got != 1 {
 		t.Fatalf("running pod not covered by the sample: assumed %d, want 1", got)
 	}
-	if got := g.inflight.Assumed(older, now+DefaultArgs().InflightMaxSeconds+1)["a"][mig]; got != 0 {
+	if got := g.inflight.Assumed(older, now+gpuscore.DefaultArgs().InflightMaxSeconds+1)["a"][mig]; got != 0 {
 		t.Fatalf("pod past inflightMaxSeconds: assumed %d, want 0", got)
 	}
 	g.inflight.Observe(bound, true, now)
@@ -209,9 +180,9 @@ func TestInflightFollowsThePodInformer(t *testing.T) {
 
 func TestTenantPoolsRefuseOtherTenantsUnresolvably(t *testing.T) {
 	now := 1000.0
-	g := testPlugin(t, DefaultArgs(), &fakeSource{snapshot: fleet(now, map[string][]float64{"pool": {0.1}})}, now)
+	g := testPlugin(t, gpuscore.DefaultArgs(), &metricstest.Source{Snapshot: metricstest.Fleet(now, map[string][]float64{"pool": {0.1}})}, now)
 	state := framework.NewCycleState()
-	state.Write(stateKey, &cycleState{request: []ResourceRequest{{mig, 1}}, view: g.metrics.View(), now: now,
+	state.Write(stateKey, &cycleState{request: []gpuscore.ResourceRequest{{Resource: mig, Count: 1}}, view: g.metrics.View(), now: now,
 		tenantCheck: true, namespace: "default", namespaceTenant: "b"})
 	status := g.Filter(context.Background(), state, migPod("p", 1), nodeInfo("pool", map[string]string{"gpufleet.io/tenant": "a"}))
 	want := "pool: node is in tenant pool 'a'; namespace 'default' belongs to tenant b"
@@ -222,11 +193,11 @@ func TestTenantPoolsRefuseOtherTenantsUnresolvably(t *testing.T) {
 
 func TestAMetricsOutageKeepsTheLastSnapshotUntilItGoesStale(t *testing.T) {
 	now := 1000.0
-	source := &fakeSource{snapshot: fleet(now, map[string][]float64{"a": {0.9}})}
-	args := DefaultArgs()
+	source := &metricstest.Source{Snapshot: metricstest.Fleet(now, map[string][]float64{"a": {0.9}})}
+	args := gpuscore.DefaultArgs()
 	args.OnMissingMetrics = "deny"
 	g := testPlugin(t, args, source, now)
-	source.err = errors.New("connection refused")
+	source.Err = errors.New("connection refused")
 	if g.metrics.RefreshOnce(context.Background()) {
 		t.Fatal("a failed poll reported success")
 	}
@@ -241,16 +212,16 @@ func TestAMetricsOutageKeepsTheLastSnapshotUntilItGoesStale(t *testing.T) {
 }
 
 func TestAutoModesMoveOncePerSnapshot(t *testing.T) {
-	args := DefaultArgs()
-	args.ScoringStrategy, args.PackTargetUtil = StrategyAuto, 0.5
-	source := &fakeSource{snapshot: fleet(nowSeconds(), map[string][]float64{"a": {0.1, 0.1}})}
-	g := testPlugin(t, args, source, nowSeconds())
-	if mode := g.metrics.View().Modes[mig]; mode != ModePack {
+	args := gpuscore.DefaultArgs()
+	args.ScoringStrategy, args.PackTargetUtil = gpuscore.StrategyAuto, 0.5
+	source := &metricstest.Source{Snapshot: metricstest.Fleet(gpumetrics.Now(), map[string][]float64{"a": {0.1, 0.1}})}
+	g := testPlugin(t, args, source, gpumetrics.Now())
+	if mode := g.metrics.View().Modes[mig]; mode != gpuscore.ModePack {
 		t.Fatalf("quiet fleet: mode %q, want pack", mode)
 	}
-	source.snapshot = fleet(nowSeconds(), map[string][]float64{"a": {0.9, 0.9}})
+	source.Snapshot = metricstest.Fleet(gpumetrics.Now(), map[string][]float64{"a": {0.9, 0.9}})
 	g.metrics.RefreshOnce(context.Background())
-	if mode := g.metrics.View().Modes[mig]; mode != ModeSpread {
+	if mode := g.metrics.View().Modes[mig]; mode != gpuscore.ModeSpread {
 		t.Fatalf("busy fleet: mode %q, want spread", mode)
 	}
 }
@@ -282,13 +253,13 @@ func TestNewRefusesInvalidArgsWithEveryProblem(t *testing.T) {
 // as the device plugin does, and the node is refused once every replica is taken.
 func TestSharedReplicasFillThroughReserve(t *testing.T) {
 	now := 1000.0
-	snapshot := fleet(now, map[string][]float64{"shared": {0.1, 0.5}})
+	snapshot := metricstest.Fleet(now, map[string][]float64{"shared": {0.1, 0.5}})
 	devices := snapshot.Nodes["shared"].Devices[mig]
 	devices[0].Pods, devices[0].HasPods = 1, true // one pod already on the cool device, none on the warm one
 	devices[1].HasPods = true
-	args := DefaultArgs()
+	args := gpuscore.DefaultArgs()
 	args.SharedResources = map[string]int{mig: 2}
-	g := testPlugin(t, args, &fakeSource{snapshot: snapshot}, now)
+	g := testPlugin(t, args, &metricstest.Source{Snapshot: snapshot}, now)
 	// 1st pod: only the warm device has the fewest pods (0): scored by it, 10 x (1 - 0.7 x 0.5) = 6.5 -> 6.
 	// 2nd: both hold one pod, either may be handed out: mean 0.7 x 0.3 -> 8. 3rd: the last replica, on the warm one.
 	for i, want := range []int{6, 8, 6} {
@@ -314,56 +285,9 @@ func TestSharedReplicasFillThroughReserve(t *testing.T) {
 	}
 }
 
-func TestPrometheusSourceQueriesAndParses(t *testing.T) {
-	var mu sync.Mutex
-	queries := map[string]bool{}
-	server := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		query := r.URL.Query().Get("query")
-		mu.Lock()
-		queries[query] = true
-		mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		if strings.Contains(query, "timestamp(") {
-			fmt.Fprint(w, `{"status":"success","data":{"resultType":"vector","result":[{"metric":{"hostname":"n1"},"value":[1,"1700000000.5"]}]}}`)
-			return
-		}
-		fmt.Fprint(w, `{"status":"success","data":{"resultType":"vector","result":[
-			{"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","hostname":"n1","gpu":"0","GPU_I_ID":"3","GPU_I_PROFILE":"2g.20gb"},"value":[1,"0.25"]},
-			{"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","Hostname":"n2","gpu":"1"},"value":[1,"40"]}]}}`)
-	}))
-	defer server.Close()
-	source := NewPrometheusSource(server.URL+"/", []string{"Hostname", "hostname"}, time.Second, 5, "")
-	snapshot, err := source.Fetch(context.Background(), 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := snapshot.Nodes["n1"]; got == nil || got.SampleTime != 1700000000.5 || got.Devices[mig][0] != (Device{Key: "0/3", Util: 0.25}) {
-		t.Errorf("MIG node: %+v", got)
-	}
-	if got := snapshot.Nodes["n2"]; got == nil || got.Devices[WholeGPUResource][0].Util != 0.4 {
-		t.Errorf("whole-GPU node: %+v", got)
-	}
-	series := `max by (__name__, Hostname, hostname, gpu, UUID, GPU_I_ID, GPU_I_PROFILE, pod, namespace, exported_pod, ` +
-		`exported_namespace) ({__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_GR_ENGINE_ACTIVE|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE"})`
-	times := "max by (Hostname, hostname) (timestamp(DCGM_FI_DEV_FB_FREE))"
-	if len(queries) != 2 || !queries[series] || !queries[times] {
-		t.Errorf("queries %v, want the extender's two", queries)
-	}
-
-	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusBadRequest)
-		fmt.Fprint(w, `{"status":"error","error":"parse error"}`)
-	}))
-	defer failing.Close()
-	if _, err := NewPrometheusSource(failing.URL, []string{"Hostname"}, time.Second, 5, "").Fetch(context.Background(), 1); err == nil ||
-		!strings.Contains(err.Error(), "Prometheus query failed (HTTP 400): parse error") {
-		t.Errorf("failing Prometheus: %v", err)
-	}
-}
-
 func TestInflightIncrementalAnswersEqualARecount(t *testing.T) {
 	now := 1000.0
-	snapshot := fleet(now, map[string][]float64{"a": {0.1}, "b": {0.1}})
+	snapshot := metricstest.Fleet(now, map[string][]float64{"a": {0.1}, "b": {0.1}})
 	f := NewInflight(120)
 	recount := func(at float64) map[string]map[string]int {
 		f.mu.Lock()
@@ -376,7 +300,7 @@ func TestInflightIncrementalAnswersEqualARecount(t *testing.T) {
 		f.Assumed(snapshot, at) // each cycle reads, then reserves
 		pod := migPod(fmt.Sprintf("p%d", i), int64(1+i%2))
 		node := []string{"a", "b"}[i%2]
-		f.Reserve(pod.UID, node, PodGPURequest(pod), at)
+		f.Reserve(pod.UID, node, gpuscore.PodGPURequest(pod), at)
 		if i%3 == 0 { // the binding shows up in the informer, dated at or before Reserve
 			bound := pod.DeepCopy()
 			bound.Spec.NodeName = node

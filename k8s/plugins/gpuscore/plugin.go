@@ -1,6 +1,6 @@
 // Package gpuscore is GPUScore, a kube-scheduler framework plugin that places GPU and MIG pods by device load,
-// deciding exactly as the gpufleet extender does (its scoring.py is the specification; testdata/vectors.json,
-// generated from it, is checked by this package's tests).
+// deciding exactly as the gpufleet extender does (k8s/gpuscore is the decision, held to scoring.py by its vectors;
+// k8s/gpumetrics reads the metrics).
 //
 // Extension points:
 //   - PreFilter: works out the pod's GPU request (Skip for pods without one: they cost nothing) and takes one
@@ -16,7 +16,9 @@ package gpuscore
 
 import (
 	"context"
-	"time"
+
+	"github.com/gpufleet/mig/k8s/gpumetrics"
+	"github.com/gpufleet/mig/k8s/gpuscore"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -34,9 +36,9 @@ const stateKey fwk.StateKey = Name
 
 // GPUScore is the plugin.
 type GPUScore struct {
-	args       Args
-	policy     Policy
-	metrics    *Refresher
+	args       gpuscore.Args
+	policy     gpuscore.Policy
+	metrics    *gpumetrics.Refresher
 	inflight   *Inflight
 	namespaces corelisters.NamespaceLister // nil with tenantPools off
 	recorder   events.EventRecorder        // nil without a framework handle (unit tests)
@@ -54,7 +56,7 @@ var (
 
 // New builds GPUScore from its args; invalid args stop the scheduler with the list of problems.
 func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
-	args, metrics, err := startMetrics(ctx, obj, Name)
+	args, metrics, err := gpumetrics.StartMetrics(ctx, obj, Name)
 	if err != nil {
 		return nil, err
 	}
@@ -66,19 +68,17 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	return plugin, nil
 }
 
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
-
-func newPlugin(args Args, source Source) *GPUScore {
-	return newPluginOn(args, NewRefresher(source, seconds(args.MetricsRefreshSeconds), args.Policy()))
+func newPlugin(args gpuscore.Args, source gpumetrics.Source) *GPUScore {
+	return newPluginOn(args, gpumetrics.NewRefresher(source, gpumetrics.Seconds(args.MetricsRefreshSeconds), args.Policy()))
 }
 
-func newPluginOn(args Args, metrics *Refresher) *GPUScore {
+func newPluginOn(args gpuscore.Args, metrics *gpumetrics.Refresher) *GPUScore {
 	return &GPUScore{
 		args:     args,
 		policy:   args.Policy(),
 		metrics:  metrics,
 		inflight: NewInflight(args.InflightMaxSeconds),
-		clock:    nowSeconds,
+		clock:    gpumetrics.Now,
 	}
 }
 
@@ -114,8 +114,8 @@ func (g *GPUScore) Name() string { return Name }
 
 // cycleState is everything a verdict depends on besides the node, fixed for one scheduling cycle.
 type cycleState struct {
-	request         []ResourceRequest
-	view            *View
+	request         []gpuscore.ResourceRequest
+	view            *gpumetrics.View
 	assumed         map[string]map[string]int
 	now             float64
 	tenantCheck     bool
@@ -127,16 +127,16 @@ type cycleState struct {
 func (c *cycleState) Clone() fwk.StateData { return c }
 
 func (g *GPUScore) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	request := PodGPURequest(pod)
+	request := gpuscore.PodGPURequest(pod)
 	if len(request) == 0 {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}
 	view := g.metrics.View()
 	now := g.clock()
-	if reason := g.metrics.BlindReason(); reason != "" && g.recorder != nil && g.metrics.blind.eventDue(now) {
+	if reason := g.metrics.BlindReason(); reason != "" && g.recorder != nil && g.metrics.BlindEventDue(now) {
 		// Where operators look first: the pod. One event per blindWarnEvery, not one per pod.
-		g.recorder.Eventf(pod, nil, v1.EventTypeWarning, EventReasonBlind, "Scheduling",
-			"GPUScore places GPU pods without GPU metrics (onMissingMetrics %s): %s", g.policy.missingPolicyName(), reason)
+		g.recorder.Eventf(pod, nil, v1.EventTypeWarning, gpumetrics.EventReasonBlind, "Scheduling",
+			"GPUScore places GPU pods without GPU metrics (onMissingMetrics %s): %s", g.policy.MissingPolicyName(), reason)
 	}
 	data := &cycleState{
 		request:   request,
@@ -169,15 +169,15 @@ func readState(state fwk.CycleState) *cycleState {
 
 // verdict is the extender's verdict_of: the tenant rule first, then scoring.evaluate_node (with the reason text
 // only when reasons is set).
-func (g *GPUScore) verdict(s *cycleState, node *v1.Node, reasons bool) Verdict {
+func (g *GPUScore) verdict(s *cycleState, node *v1.Node, reasons bool) gpuscore.Verdict {
 	name := node.Name
 	if s.tenantCheck {
-		if reason := TenantMismatch(name, node.Labels[g.args.TenantLabel], s.namespace, s.namespaceTenant); reason != "" {
-			return Verdict{false, MinScore, OutcomeTenantMismatch, reason}
+		if reason := gpuscore.TenantMismatch(name, node.Labels[g.args.TenantLabel], s.namespace, s.namespaceTenant); reason != "" {
+			return gpuscore.Verdict{Passed: false, Score: gpuscore.MinScore, Outcome: gpuscore.OutcomeTenantMismatch, Reason: reason}
 		}
 	}
 	snapshot := s.view.Snapshot
-	return evaluateNode(name, snapshot.Nodes[name], s.request, &g.policy, s.now, s.assumed[name], s.view.Modes, reasons)
+	return gpuscore.Evaluate(name, snapshot.Nodes[name], s.request, &g.policy, s.now, s.assumed[name], s.view.Modes, reasons)
 }
 
 func (g *GPUScore) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
@@ -190,7 +190,7 @@ func (g *GPUScore) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod
 		return nil
 	}
 	v := g.verdict(s, node, true) // again, with the reason text: only failing nodes pay for it
-	if v.Outcome == OutcomeTenantMismatch {
+	if v.Outcome == gpuscore.OutcomeTenantMismatch {
 		// Preempting pods cannot move a node into another tenant's pool.
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, v.Reason)
 	}
@@ -205,13 +205,13 @@ func (g *GPUScore) PreScore(ctx context.Context, state fwk.CycleState, pod *v1.P
 }
 
 // ScoreScale maps the extender's 0..10 onto the framework's 0..100.
-const ScoreScale = fwk.MaxNodeScore / MaxScore
+const ScoreScale = fwk.MaxNodeScore / gpuscore.MaxScore
 
 func (g *GPUScore) Score(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	s := readState(state)
 	node := nodeInfo.Node()
 	if s == nil || node == nil {
-		return NeutralScore * ScoreScale, nil
+		return gpuscore.NeutralScore * ScoreScale, nil
 	}
 	return int64(g.verdict(s, node, false).Score) * ScoreScale, nil
 }
@@ -232,7 +232,7 @@ func (g *GPUScore) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.
 // SignPod lets pods without GPUs be batched (GPUScore is neutral to them) and keeps GPU pods out of batches:
 // each placement changes the in-flight load the next pod is scored against.
 func (g *GPUScore) SignPod(ctx context.Context, pod *v1.Pod) ([]fwk.SignFragment, *fwk.Status) {
-	if len(PodGPURequest(pod)) == 0 {
+	if len(gpuscore.PodGPURequest(pod)) == 0 {
 		return nil, nil
 	}
 	return nil, fwk.NewStatus(fwk.Unschedulable, "GPU pods are scored against in-flight load")

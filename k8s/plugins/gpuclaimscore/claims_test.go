@@ -1,4 +1,4 @@
-package gpuscore
+package gpuclaimscore
 
 // Every case of testdata/dra_vectors.json, generated from plugins/module_utils/dra_placement.py by
 // `python tools/dra_vectors.py` (the Python tests regenerate it and compare byte for byte): the room of each GPU
@@ -9,6 +9,9 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/gpufleet/mig/k8s/gpumetrics"
+	"github.com/gpufleet/mig/k8s/gpuscore"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -105,11 +108,11 @@ func TestMemorySliceCountersOnlyNamePlacements(t *testing.T) {
 
 // claimCycle is PreScore's state for two nodes of one GPU each with the same occupancy, and the allocator's
 // result for a 1g.10gb claim on each: the same placement, so only the load can part them.
-func claimCycle(snapshot *Snapshot, now float64) (*claimState, map[string][]resourceapi.AllocationResult) {
+func claimCycle(snapshot *gpuscore.Snapshot, now float64) (*claimState, map[string][]resourceapi.AllocationResult) {
 	s := &claimState{
 		devices:  map[structured.DeviceID]placement{},
 		occupied: map[gpuKey]sets.Set[int]{},
-		view:     &View{Snapshot: snapshot},
+		view:     &gpumetrics.View{Snapshot: snapshot},
 		now:      now,
 	}
 	results := map[string][]resourceapi.AllocationResult{}
@@ -125,18 +128,20 @@ func claimCycle(snapshot *Snapshot, now float64) (*claimState, map[string][]reso
 	return s, results
 }
 
+const mig = "nvidia.com/mig-2g.20gb"
+
 // loads: node -> the util of its devices (a whole GPU and a MIG instance), sampled at now.
-func claimFleet(now float64, loads map[string][2]float64) *Snapshot {
-	s := &Snapshot{Nodes: map[string]*NodeMetrics{}}
+func claimFleet(now float64, loads map[string][2]float64) *gpuscore.Snapshot {
+	s := &gpuscore.Snapshot{Nodes: map[string]*gpuscore.NodeMetrics{}}
 	for _, name := range []string{"cool", "hot"} {
 		util, ok := loads[name]
 		if !ok {
 			continue
 		}
-		s.Nodes[name] = &NodeMetrics{Name: name, SampleTime: now, Resources: []string{WholeGPUResource, mig},
-			Devices: map[string][]Device{
-				WholeGPUResource: {{Key: "1", Util: util[0], HasMem: true}},
-				mig:              {{Key: "0/1", Util: util[1], HasMem: true}},
+		s.Nodes[name] = &gpuscore.NodeMetrics{Name: name, SampleTime: now, Resources: []string{gpuscore.WholeGPUResource, mig},
+			Devices: map[string][]gpuscore.Device{
+				gpuscore.WholeGPUResource: {{Key: "1", Util: util[0], HasMem: true}},
+				mig:                       {{Key: "0/1", Util: util[1], HasMem: true}},
 			}}
 		s.Order = append(s.Order, name)
 	}
@@ -145,21 +150,21 @@ func claimFleet(now float64, loads map[string][2]float64) *Snapshot {
 
 func TestClaimScoreLosesPointsForLoad(t *testing.T) {
 	const now = 1_750_000_000.0
-	plugin := newClaimScore(nil, DefaultArgs(), nil)
+	plugin := newClaimScore(nil, gpuscore.DefaultArgs(), nil)
 	plugin.clock = func() float64 { return now }
 	s, results := claimCycle(claimFleet(now, map[string][2]float64{"cool": {0.1, 0.1}, "hot": {0.7, 0.7}}), now)
 	cool, hot := plugin.nodeScore(s, "cool", results["cool"]), plugin.nodeScore(s, "hot", results["hot"])
 	placementOnly, _ := scoreChoice(s.occupied, s.devices, results["cool"])
 	// Same placement (loss 0, 7 free slices: 93); load 0.7 x 0.1 util -> score 9, 0.7 x 0.7 -> 5.
-	if cool != placementOnly-ClaimLoadWeight*1 || hot != placementOnly-ClaimLoadWeight*5 {
+	if cool != placementOnly-gpuscore.ClaimLoadWeight*1 || hot != placementOnly-gpuscore.ClaimLoadWeight*5 {
 		t.Fatalf("placement %d: cool %d, hot %d; want %d and %d", placementOnly, cool, hot,
-			placementOnly-ClaimLoadWeight, placementOnly-5*ClaimLoadWeight)
+			placementOnly-gpuscore.ClaimLoadWeight, placementOnly-5*gpuscore.ClaimLoadWeight)
 	}
 }
 
 func TestClaimScoreHotNodeLosesEvenWithTheBetterPlacement(t *testing.T) {
 	const now = 1_750_000_000.0
-	plugin := newClaimScore(nil, DefaultArgs(), nil)
+	plugin := newClaimScore(nil, gpuscore.DefaultArgs(), nil)
 	// Every device of "hot" at or above the 0.8 utilisation threshold: GPUScore would filter it.
 	s, results := claimCycle(claimFleet(now, map[string][2]float64{"cool": {0.5, 0.5}, "hot": {0.8, 0.95}}), now)
 	s.occupied[gpuKey{"gpu.nvidia.com", "cool", "gpu-0-counter-set"}] = sets.New[int]() // cool breaks an empty GPU
@@ -178,16 +183,16 @@ func TestClaimScoreFollowsMissingAndStaleMetricsPolicy(t *testing.T) {
 	const now = 1_750_000_000.0
 	for _, c := range []struct {
 		onMissing string
-		snapshot  *Snapshot
+		snapshot  *gpuscore.Snapshot
 		want      func(placement int64) int64
 	}{
 		// No metrics for "hot" (allow): neutral load 5 -> 25 points off; deny: 0.
-		{"allow", claimFleet(now, map[string][2]float64{"cool": {0, 0}}), func(p int64) int64 { return p - 5*ClaimLoadWeight }},
+		{"allow", claimFleet(now, map[string][2]float64{"cool": {0, 0}}), func(p int64) int64 { return p - 5*gpuscore.ClaimLoadWeight }},
 		{"deny", claimFleet(now, map[string][2]float64{"cool": {0, 0}}), func(int64) int64 { return 0 }},
 		// Samples older than metricsMaxAgeSeconds (30) count as missing.
 		{"deny", claimFleet(now-31, map[string][2]float64{"cool": {0, 0}, "hot": {0, 0}}), func(int64) int64 { return 0 }},
 	} {
-		args := DefaultArgs()
+		args := gpuscore.DefaultArgs()
 		args.OnMissingMetrics = c.onMissing
 		plugin := newClaimScore(nil, args, nil)
 		s, results := claimCycle(c.snapshot, now)
@@ -200,7 +205,7 @@ func TestClaimScoreFollowsMissingAndStaleMetricsPolicy(t *testing.T) {
 
 func TestClaimScoreKeepsPlacementOrderAtEqualLoad(t *testing.T) {
 	const now = 1_750_000_000.0
-	plugin := newClaimScore(nil, DefaultArgs(), nil)
+	plugin := newClaimScore(nil, gpuscore.DefaultArgs(), nil)
 	s, results := claimCycle(claimFleet(now, map[string][2]float64{"cool": {0.3, 0.3}, "hot": {0.3, 0.3}}), now)
 	s.occupied[gpuKey{"gpu.nvidia.com", "hot", "gpu-0-counter-set"}] = sets.New[int]() // hot breaks an empty GPU
 	if cool, hot := plugin.nodeScore(s, "cool", results["cool"]), plugin.nodeScore(s, "hot", results["hot"]); cool <= hot {

@@ -1,0 +1,224 @@
+package gpuscore
+
+// The snapshot a Prometheus answer describes, as the extender's metrics_source builds it (the "prometheus" and
+// "recorded" sections of testdata/vectors.json): the queries, the series they return, and the screening and folding
+// of those series into a Snapshot. Asking Prometheus is k8s/gpumetrics' (the client and the Refresher).
+//
+// The recorded form (prometheusQuery: recorded), as the extender's metrics_source: the dcgm_exporter role's
+// recording rules (metrics_source.recording_rules, the one specification) precompute one series per device and
+// one sample time per node in Prometheus' rule evaluation; a refresh reads those two, since Prometheus' answer
+// costs per series.
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// ExporterMatchers pins series to the exporter's scrape job and namespace: `job="x",namespace="y"` ("" for
+// what is not pinned), as the extender's exporter_matchers.
+func ExporterMatchers(job, namespace string) string {
+	var pinned []string
+	if job != "" {
+		pinned = append(pinned, "job="+strconv.Quote(job))
+	}
+	if namespace != "" {
+		pinned = append(pinned, "namespace="+strconv.Quote(namespace))
+	}
+	return strings.Join(pinned, ",")
+}
+
+// decisionLabels are the labels a decision reads besides the node's (buildSnapshot), as the extender's
+// metrics_source.DECISION_LABELS.
+var decisionLabels = []string{"gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "pod", "namespace", "exported_pod", "exported_namespace"}
+
+// PrometheusQueries is metrics_source.prometheus_queries: the series aggregated by the labels decisions read
+// (Prometheus drops the rest before encoding its answer; series two exporters disagree on fold into their
+// maximum), and the newest sample time per node, read from one metric every device reports (sampleTimeMetric):
+// Prometheus' cost is per series read.
+func PrometheusQueries(nodeLabels []string, matchers string) (series, times string) {
+	selector, pinned := "", ""
+	if matchers != "" {
+		selector, pinned = "{"+matchers+"}", ","+matchers
+	}
+	keep := strings.Join(append(append([]string{"__name__"}, nodeLabels...), decisionLabels...), ", ")
+	series = fmt.Sprintf(`max by (%s) ({__name__=~"%s"%s})`, keep, strings.Join(dcgmMetrics, "|"), pinned)
+	times = fmt.Sprintf("max by (%s) (timestamp(%s%s))", strings.Join(nodeLabels, ", "), sampleTimeMetric, selector)
+	return series, times
+}
+
+// Series is one element of an instant vector: {"metric": {...}, "value": [<time>, "<value>"]}.
+type Series struct {
+	Metric map[string]string `json:"metric"`
+	Value  []json.RawMessage `json:"value"`
+}
+
+func (s Series) Number() (float64, bool) {
+	if len(s.Value) != 2 {
+		return 0, false
+	}
+	var text string
+	if json.Unmarshal(s.Value[1], &text) != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(text, 64)
+	return v, err == nil
+}
+
+// validRange is the range each metric's values must lie in (percent, ratio, MiB); anything else, NaN included,
+// is a broken exporter.
+var validRange = map[string][2]float64{
+	metricGPUUtil:        {0, 100},
+	metricGREngineActive: {0, 1},
+	metricFBUsed:         {0, math.Inf(1)},
+	metricFBFree:         {0, math.Inf(1)},
+}
+
+// screenSamples is metrics_source.screen_samples: a value out of its metric's range makes the whole node's data
+// untrustworthy, so all its samples are dropped and the missing-metrics policy decides for it.
+func screenSamples(samples []Sample, nodeLabels []string) []Sample {
+	bad := map[string]bool{}
+	for _, s := range samples {
+		node := nodeNameOf(s.Labels, nodeLabels)
+		if node == "" {
+			continue
+		}
+		limits, ok := validRange[s.Name]
+		if !ok {
+			limits = [2]float64{math.Inf(-1), math.Inf(1)}
+		}
+		if !(limits[0] <= s.Value && s.Value <= limits[1]) {
+			bad[node] = true
+		}
+	}
+	if len(bad) == 0 {
+		return samples
+	}
+	kept := samples[:0:0]
+	for _, s := range samples {
+		if !bad[nodeNameOf(s.Labels, nodeLabels)] {
+			kept = append(kept, s)
+		}
+	}
+	return kept
+}
+
+// dropFutureNodes is metrics_source.drop_future_nodes: a sample dated beyond now + maxSkew would count as fresh
+// until then whatever metricsMaxAgeSeconds says; some clock is wrong, so the node counts as without metrics.
+func dropFutureNodes(s *Snapshot, now, maxSkew float64) {
+	order := s.Order[:0:0]
+	s.NewestSample = 0
+	for _, name := range s.Order {
+		metrics := s.Nodes[name]
+		if metrics.SampleTime > now+maxSkew {
+			delete(s.Nodes, name)
+			continue
+		}
+		order = append(order, name)
+		if metrics.SampleTime > s.NewestSample || s.NewestSample == 0 {
+			s.NewestSample = metrics.SampleTime
+		}
+	}
+	s.Order = order
+}
+
+// SnapshotFromSeries is metrics_source.PrometheusSource._build: unparsable values are skipped, nodes with values out
+// of range or dated beyond now + maxSkew are left out.
+func SnapshotFromSeries(series, times []Series, nodeLabels []string, queriedAt, now, maxSkew float64, version uint64) *Snapshot {
+	samples := make([]Sample, 0, len(series))
+	for _, item := range series {
+		if v, ok := item.Number(); ok {
+			samples = append(samples, Sample{Name: item.Metric["__name__"], Labels: item.Metric, Value: v})
+		}
+	}
+	return buildFromSamples(samples, times, nodeLabels, queriedAt, now, maxSkew, version)
+}
+
+// buildFromSamples is the rest of metrics_source.PrometheusSource._build, whichever form the series came in:
+// the sample times per node, screening, the snapshot, nodes dated beyond now + maxSkew left out.
+func buildFromSamples(samples []Sample, times []Series, nodeLabels []string, queriedAt, now, maxSkew float64, version uint64) *Snapshot {
+	nodeTimes := map[string]float64{}
+	for _, item := range times {
+		node := nodeNameOf(item.Metric, nodeLabels)
+		stamp, ok := item.Number()
+		if node == "" || !ok || math.IsNaN(stamp) || math.IsInf(stamp, 0) {
+			continue
+		}
+		if t, seen := nodeTimes[node]; !seen || stamp > t {
+			nodeTimes[node] = stamp
+		}
+	}
+	snapshot := buildSnapshot(screenSamples(samples, nodeLabels), nodeLabels, queriedAt, nodeTimes, version)
+	dropFutureNodes(snapshot, now, maxSkew)
+	return snapshot
+}
+
+// The recorded form (prometheusQuery: recorded), as the extender's metrics_source: the dcgm_exporter role's
+// recording rules (metrics_source.recording_rules, the one specification) precompute one series per device and
+// one sample time per node in Prometheus' rule evaluation; a refresh reads those two, since Prometheus' answer
+// costs per series.
+const (
+	QueryRecorded = "recorded"
+	QueryRaw      = "raw"
+
+	packedSeries         = "gpufleet:dcgm_device:packed"
+	nodeSampleTimeSeries = "gpufleet:dcgm_node_sample_time:seconds"
+	// sampleTimeMetric is the one metric every device reports: a node's sample time is its newest timestamp.
+	sampleTimeMetric = metricFBFree
+
+	// The packed value, decimal fixed point: util permille x utilScale + memory-used permille x memoryScale + pods.
+	utilScale     = 10_000_000
+	memoryScale   = 1_000
+	memoryUnknown = 1001 // no framebuffer metrics, or a total of 0
+	podsUnknown   = 999  // no series of the device carried a pod label
+)
+
+// RecordedQueries is metrics_source.recorded_queries: the rules pinned the exporter's job and namespace already.
+func RecordedQueries() (series, times string) { return packedSeries, nodeSampleTimeSeries }
+
+// RecordedEvaluationQuery is metrics_source.RECORDED_EVALUATION_QUERY: when the rule group last wrote its last
+// rule, one number. The recorded series change only when the group is evaluated (every scrape interval, and at
+// thousands of nodes the evaluation itself takes longer than a refresh), so a refresh asks this first and reads
+// the fleet's series only when the answer moved.
+const RecordedEvaluationQuery = "max(timestamp(" + nodeSampleTimeSeries + "))"
+
+// decodePacked is metrics_source.decode_packed: one packed series as the samples buildSnapshot folds (the
+// utilisation as GR_ENGINE_ACTIVE carrying the pod count, the memory as FB_USED/FB_FREE in permille). A value
+// NaN, not a whole number or with a part out of range decodes as a NaN utilisation, which screenSamples turns into
+// the node left out.
+func decodePacked(labels map[string]string, value float64) []Sample {
+	util, memory, pods := int64(-1), int64(-1), int64(-1)
+	// 2^53: every whole number below is exact; the largest the rule writes is about 1e10.
+	if !math.IsNaN(value) && value >= 0 && value < 1<<53 && value == math.Trunc(value) {
+		packed := int64(value)
+		util, memory, pods = packed/utilScale, packed%utilScale/memoryScale, packed%memoryScale
+	}
+	if !(util >= 0 && util <= 1000 && ((memory >= 0 && memory <= 1000) || memory == memoryUnknown) &&
+		pods >= 0 && pods <= podsUnknown) {
+		return []Sample{{Name: metricGREngineActive, Labels: labels, Value: math.NaN()}}
+	}
+	first := Sample{Name: metricGREngineActive, Labels: labels, Value: float64(util) / 1000}
+	if pods != podsUnknown {
+		first.Pods, first.HasPods = int(pods), true
+	}
+	samples := []Sample{first}
+	if memory != memoryUnknown {
+		samples = append(samples,
+			Sample{Name: metricFBUsed, Labels: labels, Value: float64(memory)},
+			Sample{Name: metricFBFree, Labels: labels, Value: float64(1000 - memory)})
+	}
+	return samples
+}
+
+// SnapshotFromRecorded is metrics_source.PrometheusSource._build reading the recorded form.
+func SnapshotFromRecorded(series, times []Series, nodeLabels []string, queriedAt, now, maxSkew float64, version uint64) *Snapshot {
+	samples := make([]Sample, 0, 3*len(series))
+	for _, item := range series {
+		if v, ok := item.Number(); ok {
+			samples = append(samples, decodePacked(item.Metric, v)...)
+		}
+	}
+	return buildFromSamples(samples, times, nodeLabels, queriedAt, now, maxSkew, version)
+}
