@@ -171,8 +171,10 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
         built.add(f"cwd={args[0]}")
     elif program == "go":
         cwd = next((b[4:] for b in built if b.startswith("cwd=")), ".")
-        package = REPO / cwd / args[-1]
-        assert list(package.glob("*_test.go")), f"{block}: {command}: no Go tests in {package}"
+        for arg in (a for a in args if a.startswith("./")):  # each package; ./x/... is x and every package below
+            package = REPO / cwd / arg.removesuffix("...")
+            tests = package.rglob("*_test.go") if arg.endswith("/...") else package.glob("*_test.go")
+            assert list(tests), f"{block}: {command}: no Go tests in {package}"
     elif program == "source":
         assert (REPO / args[0]).is_file(), f"{block}: {args[0]} does not exist"
     elif program == "molecule":
