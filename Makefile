@@ -243,7 +243,10 @@ images: extender-image scheduler-image
 # here for that Python and platform (binary wheels only, from pip's cache or index), the lab is left out, and podman
 # adds them to the base.
 EXTENDER_IMAGE_DIR := build/extender-image
-EXTENDER_LAB := simulate mig_utils conformance.py
+EXTENDER_LAB := simulate conformance.py
+# Of the collection's library (mig_utils) the server keeps only the rules it shares with the collection: the
+# resource names and the reader of a pod's GPU request (one reader for the extender and the MIG advisor).
+EXTENDER_SHARED := __init__.py names.py pod_requests.py
 extender-image: venv molecule-images
 	rm -rf $(EXTENDER_IMAGE_DIR) && mkdir -p $(EXTENDER_IMAGE_DIR)
 	pip wheel --quiet --no-deps --wheel-dir $(EXTENDER_IMAGE_DIR)/wheels ./extender && rm -rf extender/build
@@ -252,6 +255,8 @@ extender-image: venv molecule-images
 	  $(foreach p,manylinux2014 manylinux_2_17 manylinux_2_28,--platform $(p)_$(shell uname -m)) \
 	  "$$(ls $(EXTENDER_IMAGE_DIR)/wheels/gpufleet_extender-*.whl)[k8s]"
 	rm -r $(EXTENDER_IMAGE_DIR)/site/bin $(addprefix $(EXTENDER_IMAGE_DIR)/site/gpufleet_extender/,$(EXTENDER_LAB))
+	find $(EXTENDER_IMAGE_DIR)/site/gpufleet_extender/mig_utils -mindepth 1 -maxdepth 1 \
+	  $(foreach f,$(EXTENDER_SHARED),-not -name $(f)) -exec rm -rf {} +
 	source tests/molecule/podman-env.sh && podman build --quiet --build-arg BASE=$(IMAGE_BASE) \
 	  --tag $(EXTENDER_IMAGE) --file extender/Containerfile $(EXTENDER_IMAGE_DIR)
 

@@ -1,5 +1,6 @@
 """The serve image (`make extender-image`) drops the lab from the installed package: the simulator, the conformance
-generator and the layout library (mig_utils: NVML, its simulator, the kubelet's gRPC stubs). The server must start
+generator and the layout library (mig_utils: NVML, its simulator, the kubelet's gRPC stubs) but for the two rules
+the server shares with the collection (names, pod_requests). The server must start
 without them: here they are made unimportable in a fresh interpreter, the app is built and answers, and the CLI
 leaves the simulate command out. And where they are installed, the serve path must not load them (sys.modules), so
 that the boundary cannot rot behind an image that happens to be built rarely."""
@@ -14,7 +15,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-DROPPED = ("gpufleet_extender.simulate", "gpufleet_extender.mig_utils", "gpufleet_extender.conformance")
+DROPPED = ("gpufleet_extender.simulate", "gpufleet_extender.mig_utils.", "gpufleet_extender.conformance")
+# What the image keeps of the collection's library: the rules the server shares with it (the Makefile's
+# EXTENDER_SHARED), a pod's GPU request and the resource names.
+SHARED = ("gpufleet_extender.mig_utils.names", "gpufleet_extender.mig_utils.pod_requests")
 
 SCRIPT = textwrap.dedent(
     f"""
@@ -22,7 +26,7 @@ SCRIPT = textwrap.dedent(
 
     class Dropped(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name.startswith({DROPPED!r}):
+            if name.startswith({DROPPED!r}) and name not in {SHARED!r}:
                 raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
             return None
 
@@ -36,7 +40,7 @@ SCRIPT = textwrap.dedent(
     print(sorted(commands))
     with TestClient(create_app(load_settings(KUBE_API="off", PROMETHEUS_URL="http://127.0.0.1:9"))) as client:
         print(client.get("/healthz").status_code)
-    print(sorted(m for m in sys.modules if m.startswith({DROPPED!r})))
+    print(sorted(m for m in sys.modules if m.startswith({DROPPED!r}) and m not in {SHARED!r}))
     """
 )
 
@@ -58,10 +62,15 @@ SERVE_PATH = textwrap.dedent(
     import uvicorn
 
     LAB = ("gpufleet_extender.simulate", "gpufleet_extender.conformance", "gpufleet_extender.mig_utils", "grpc")
+    SHARED = (
+        "gpufleet_extender.mig_utils",
+        "gpufleet_extender.mig_utils.names",
+        "gpufleet_extender.mig_utils.pod_requests",
+    )
 
     def lab(name):
         last = name.rsplit(".", 1)[-1]
-        return (
+        return name not in SHARED and (
             any(name == root or name.startswith(root + ".") for root in LAB)
             or last == "nvml_sim"  # the NVML simulator, under any package name (the collection's too)
             or last.endswith(("_pb2", "_pb2_grpc"))  # generated gRPC / protobuf stubs
@@ -124,4 +133,8 @@ def test_the_image_leaves_out_what_these_tests_take_away():
     # fails here. (tests/integration/k8s/test_images.py finds none of them in the built image.)
     makefile = (Path(__file__).parents[2] / "Makefile").read_text(encoding="utf-8")
     (lab,) = re.findall(r"^EXTENDER_LAB := (.+)$", makefile, re.MULTILINE)
-    assert sorted(f"gpufleet_extender.{name.removesuffix('.py')}" for name in lab.split()) == sorted(DROPPED)
+    (shared,) = re.findall(r"^EXTENDER_SHARED := (.+)$", makefile, re.MULTILINE)
+    dropped = [f"gpufleet_extender.{name.removesuffix('.py')}" for name in lab.split()]
+    assert sorted([*dropped, "gpufleet_extender.mig_utils."]) == sorted(DROPPED)
+    kept = {f"gpufleet_extender.mig_utils.{name.removesuffix('.py')}" for name in shared.split()}
+    assert kept - {"gpufleet_extender.mig_utils.__init__"} == set(SHARED)

@@ -29,7 +29,15 @@ from test_scheduler_plugin import RESOURCE, SCHEDULER, FakePrometheus, make_pods
 pytestmark = pytest.mark.integration
 
 CAPTURES = REPO / "extender" / "tests" / "data" / "kube-scheduler"
-LAB = ("gpufleet_extender.simulate", "gpufleet_extender.conformance", "gpufleet_extender.mig_utils")
+# The lab, and of the collection's library every module but the two rules the server shares with it (the Makefile's
+# EXTENDER_SHARED: names, pod_requests).
+LAB = (
+    "gpufleet_extender.simulate",
+    "gpufleet_extender.conformance",
+    "gpufleet_extender.mig_utils.nvml_sim",
+    "gpufleet_extender.mig_utils.planner",
+    "gpufleet_extender.mig_utils.advisor",
+)
 
 
 def _wait_healthy(url: str, container: str, timeout: float = 90) -> None:
@@ -101,7 +109,8 @@ def test_the_extender_image_is_the_server_alone_as_an_unprivileged_user(images):
     probe = (
         "import importlib.util, json; "
         f"print(json.dumps([m for m in {LAB!r} if importlib.util.find_spec(m)] + "
-        "[m for m in ('gpufleet_extender.app', 'gpufleet_extender.cli') if not importlib.util.find_spec(m)]))"
+        "[m for m in ('gpufleet_extender.app', 'gpufleet_extender.cli', 'gpufleet_extender.mig_utils.pod_requests') "
+        "if not importlib.util.find_spec(m)]))"
     )
     ran = podman("run", "--rm", "--network", "none", "--entrypoint", "python3", images["extender"], "-c", probe)
     assert ran.returncode == 0, ran.stderr
