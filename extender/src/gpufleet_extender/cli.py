@@ -195,9 +195,7 @@ def _add_check_config(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def _recording_rules(args: argparse.Namespace) -> int:
-    import yaml
-
-    from gpufleet_extender.metrics_source import exporter_matchers, recording_rules
+    from gpufleet_extender.metrics_source import exporter_matchers, recording_rules, recording_rules_file
 
     node_labels = tuple(label for value in args.node_label for label in value.split(",") if label) or (
         "Hostname",
@@ -205,7 +203,7 @@ def _recording_rules(args: argparse.Namespace) -> int:
     )
     matchers = exporter_matchers(args.exporter_job, args.exporter_namespace)
     group = recording_rules(node_labels, matchers, args.interval)
-    sys.stdout.write(yaml.safe_dump({"groups": [group]}, sort_keys=False, width=1_000_000))
+    sys.stdout.write(recording_rules_file(group))
     return 0
 
 

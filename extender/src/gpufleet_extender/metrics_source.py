@@ -349,6 +349,41 @@ def _screened_avg(by: str, metric: str, matchers: str, high: float | None, extra
     return f"avg by ({by}) ({screened})"
 
 
+def recording_rules_described() -> list[str]:
+    """What each recorded series computes and why, one paragraph per series: the comment block above the rules file
+    `gpufleet-extender recording-rules` prints, so that an operator reading their Prometheus knows what it holds."""
+    return [
+        "gpufleet's recorded form of dcgm-exporter's series: the GPU load the scheduler extender and the GPUScore "
+        "plugin read (PROMETHEUS_QUERY / prometheusQuery recorded), one series per device instead of the raw ones, "
+        "so that each refresh reads a few series per GPU rather than every raw sample of the fleet.",
+        f"{UTIL_SERIES}: each device's utilisation, 0..1: DCGM_FI_DEV_GPU_UTIL / 100 for a whole GPU, "
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE for a MIG instance (the GPU's own utilisation is not reported per instance).",
+        f"{MEMORY_SERIES}: each device's framebuffer in use, FB_USED / (FB_USED + FB_FREE), 0..1; absent when the "
+        "total is 0 (unknown).",
+        f"{PACKED_SERIES}: both ratios and the device's pods in one number, for one query: "
+        f"round(1000 x util) x {UTIL_SCALE:,} + round(1000 x memory) x {MEMORY_SCALE:,} + pods (memory unknown: "
+        f"{MEMORY_UNKNOWN}; pods unknown: {PODS_UNKNOWN}; pods counted up to {PODS_MAX}).",
+        f"{NODE_SAMPLE_TIME_SERIES}: the newest sample's timestamp per node: how fresh the node's figures are, so "
+        "that a node whose exporter stopped is decided as a node without metrics instead of by old figures.",
+        "Screening: a value outside its metric's range (utilisation below 0 or above 100 %, an engine-active ratio "
+        "outside 0..1, a negative framebuffer) or NaN makes the device's figures NaN, and the readers leave that "
+        "node out, as they do with the raw series: a broken exporter must not make a busy GPU look idle.",
+    ]
+
+
+def recording_rules_file(group: Mapping[str, Any]) -> str:
+    """The rules file: the described comment block, then the group (YAML)."""
+    import textwrap
+
+    import yaml
+
+    comments = []
+    for paragraph in recording_rules_described():
+        comments += [f"# {line}" for line in textwrap.wrap(paragraph, 112)] + ["#"]
+    body = yaml.safe_dump({"groups": [dict(group)]}, sort_keys=False, width=1_000_000)
+    return "\n".join(comments[:-1]) + "\n" + body
+
+
 def recording_rules(node_labels: Iterable[str], matchers: str = "", interval: str = "") -> dict[str, Any]:
     """The Prometheus rule group of the recorded form (what `gpufleet-extender recording-rules` prints and the
     dcgm_exporter role installs): the one specification, in PromQL, of build_snapshot's device loads.

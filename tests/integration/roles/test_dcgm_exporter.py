@@ -178,6 +178,13 @@ def test_the_recording_rules_are_the_extenders_as_a_prometheus_rule_or_a_rules_f
     assert rule["metadata"]["namespace"] == "gpufleet-node-agents"
     assert rule["spec"] == {"groups": [_python_rules()]}
     assert not (manifests / "dcgm_exporter" / "recording-rules.yaml.snippet").exists()
+    # What each recorded series computes, for an operator reading their Prometheus: every record named, the
+    # screening said.
+    described = rule["metadata"]["annotations"]["gpufleet.io/description"]
+    assert {r["record"] for r in rule["spec"]["groups"][0]["rules"]} <= set(
+        re.findall(r"gpufleet:\S+?(?=:\s)", described)
+    )
+    assert "Screening:" in described
 
     # The role's settings reach the generator: node labels, job, namespace and interval (an empty job: any job).
     extra = {
@@ -189,8 +196,9 @@ def test_the_recording_rules_are_the_extenders_as_a_prometheus_rule_or_a_rules_f
     }
     manifests = render_roles(["gpufleet.mig.dcgm_exporter"], tmp_path / "file", extra_vars=extra)
     assert ("PrometheusRule", "gpufleet-dcgm-recorded") not in objects_of(load_manifests(manifests))
-    rules_file = yaml.safe_load((manifests / "dcgm_exporter" / "recording-rules.yaml.snippet").read_text())
-    assert rules_file == {"groups": [_python_rules(("node", "kubernetes_node"), "", "agents", "30s")]}
+    text = (manifests / "dcgm_exporter" / "recording-rules.yaml.snippet").read_text()
+    assert yaml.safe_load(text) == {"groups": [_python_rules(("node", "kubernetes_node"), "", "agents", "30s")]}
+    assert text.startswith("# gpufleet's recorded form") and "# Screening:" in text  # the file says what it holds
 
     extra = {"dcgm_exporter_recording_rules_node_labels": ["host"], "dcgm_exporter_recording_rules_job": "gpu-metrics"}
     manifests = render_roles(["gpufleet.mig.dcgm_exporter"], tmp_path / "job", extra_vars=extra)
