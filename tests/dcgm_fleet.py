@@ -162,6 +162,7 @@ class FleetPrometheus:
         self.rules = rules
         self.process: subprocess.Popen | None = None
         self.exporter: FleetExporter | None = None
+        self.port = 0
 
     def __enter__(self) -> str:
         self.exporter = FleetExporter(self.fleet)
@@ -181,19 +182,10 @@ class FleetPrometheus:
             f" evaluation_interval: {self.interval}s}}\n{rule_files}"
             f"scrape_configs:\n  - job_name: dcgm-exporter\n    static_configs:\n{targets}"
         )
-        port = free_port()
-        log = (self.workdir / "prometheus.log").open("w")
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={self.workdir / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
+        self.port = free_port()
+        self._launch()
+        url = self.url
+        log = self.workdir / "prometheus.log"
         wanted = [('count({job="dcgm-exporter"})', self.fleet.series)]
         if self.rules is not None:  # the rules' last evaluation saw every series
             for rule in self.rules["rules"]:  # one series per device, or per node
@@ -214,7 +206,44 @@ class FleetPrometheus:
                     return url
             time.sleep(1)
         self.__exit__()
-        raise RuntimeError(f"Prometheus did not hold the fleet's series ({wanted}) in 300 s: see {log.name}")
+        raise RuntimeError(f"Prometheus did not hold the fleet's series ({wanted}) in 300 s: see {log}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _launch(self) -> None:
+        with (self.workdir / "prometheus.log").open("a") as log:
+            self.process = subprocess.Popen(
+                [
+                    self.binary,
+                    f"--config.file={self.workdir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={self.workdir / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        """SIGKILL the Prometheus (by its PID), as a node lost or an OOM kill would end it."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def restart(self, timeout: float = 120) -> float:
+        """Start the Prometheus again on the same port and data directory (its WAL replayed); return when
+        /-/ready answers 200, with that moment (time.time(), to compare with its samples' timestamps)."""
+        self._launch()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
+                    return time.time()
+            if self.process is not None and self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"Prometheus did not start again: see {self.workdir / 'prometheus.log'}")
 
     def __exit__(self, *exc: object) -> None:
         if self.process and self.process.poll() is None:

@@ -123,17 +123,21 @@ class BindingWatch:
         self._thread.join(10)
 
 
-def write_mig_metrics(path: Path, loads: dict[str, list[float]], profile: str = MIG_PROFILE) -> Path:
-    """A dcgm-exporter file: per node, one MIG instance of `profile` per utilisation given, spread 3 per GPU."""
+def mig_devices(loads: dict[str, list[float]], profile: str = MIG_PROFILE) -> dict[str, list[DeviceLoad]]:
+    """Per node, one MIG instance of `profile` per utilisation given, spread 3 per GPU."""
     memory_total = float(int(profile.split("g.")[1].removesuffix("gb")) * 1024)
-    fleet = {
+    return {
         node: [
             DeviceLoad(index // 3, util, util * memory_total, memory_total, profile, index % 3 + 1)
             for index, util in enumerate(utils)
         ]
         for node, utils in loads.items()
     }
-    path.write_text(render_exposition(fleet, host_label="Hostname"))
+
+
+def write_mig_metrics(path: Path, loads: dict[str, list[float]], profile: str = MIG_PROFILE) -> Path:
+    """A dcgm-exporter file of `loads` (mig_devices)."""
+    path.write_text(render_exposition(mig_devices(loads, profile), host_label="Hostname"))
     return path
 
 
