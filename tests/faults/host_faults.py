@@ -172,9 +172,23 @@ def run_module_dying(state: Path, config: list[dict[str, Any]], write: int, faul
     return {"killed": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"finished": os.WEXITSTATUS(status)}
 
 
+def on_each_write(hook: Callable[[int, Callable[[], Any]], Any]) -> None:
+    """In this (child) process: every simulator write goes through ``hook(rank, call)``, rank 1, 2, ... in order;
+    the hook makes the call (or not) and returns its value."""
+    seen = 0
+    for name in WRITES:
+        original = getattr(SimulatedNvml, name)
+
+        def wrapped(self: SimulatedNvml, *args: Any, _original: Callable = original, **kwargs: Any) -> Any:
+            nonlocal seen
+            seen += 1
+            return hook(seen, lambda: _original(self, *args, **kwargs))
+
+        setattr(SimulatedNvml, name, wrapped)
+
+
 def arm_crash(write: int, torn: bool) -> None:
     """In this (child) process: SIGKILL at the `write`-th simulator write; `torn`: halfway through saving it."""
-    seen = 0
 
     def die() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -186,21 +200,16 @@ def arm_crash(write: int, torn: bool) -> None:
         os.fsync(handle.fileno())
         die()
 
-    for name in WRITES:
-        original = getattr(SimulatedNvml, name)
+    def hook(rank: int, call: Callable[[], Any]) -> Any:
+        if rank == write and torn:
+            nvml_sim.json = _JsonTearingDump(tearing_dump)  # the save at the end of this call tears
+        try:
+            return call()
+        finally:
+            if rank == write:
+                die()
 
-        def wrapped(self: SimulatedNvml, *args: Any, _original: Callable = original, **kwargs: Any) -> Any:
-            nonlocal seen
-            seen += 1
-            if seen == write and torn:
-                nvml_sim.json = _JsonTearingDump(tearing_dump)  # the save at the end of this call tears
-            try:
-                return _original(self, *args, **kwargs)
-            finally:
-                if seen == write:
-                    die()
-
-        setattr(SimulatedNvml, name, wrapped)
+    on_each_write(hook)
 
 
 class _JsonTearingDump:
@@ -219,18 +228,12 @@ def count_writes(state: Path, config: list[dict[str, Any]]) -> int:
     shutil.copyfile(state, probe)
     counter = state.with_name("probe.count")
 
+    def counted(rank: int, call: Callable[[], Any]) -> Any:
+        counter.write_text(str(rank))
+        return call()
+
     def body() -> None:
-        seen = 0
-        for name in WRITES:
-            original = getattr(SimulatedNvml, name)
-
-            def wrapped(self: SimulatedNvml, *args: Any, _original: Callable = original, **kwargs: Any) -> Any:
-                nonlocal seen
-                seen += 1
-                counter.write_text(str(seen))
-                return _original(self, *args, **kwargs)
-
-            setattr(SimulatedNvml, name, wrapped)
+        on_each_write(counted)
         with patch_module_args({"config": config, "nvml_sim_state": str(probe), "lock_timeout": 0}):
             nvidia_mig.main()
 
@@ -418,20 +421,15 @@ def _start_paused_change(state: Path, config: list[dict[str, Any]], write: int, 
     if pid == 0:
         code = 0
         try:
-            seen = 0
-            for name in WRITES:
-                original = getattr(SimulatedNvml, name)
 
-                def wrapped(self: SimulatedNvml, *a: Any, _original: Callable = original, **kw: Any) -> Any:
-                    nonlocal seen
-                    seen += 1
-                    value = _original(self, *a, **kw)
-                    if seen == write:
-                        paused.touch()
-                        time.sleep(pause)
-                    return value
+            def pausing(rank: int, call: Callable[[], Any]) -> Any:
+                value = call()
+                if rank == write:
+                    paused.touch()
+                    time.sleep(pause)
+                return value
 
-                setattr(SimulatedNvml, name, wrapped)
+            on_each_write(pausing)
             with open(state.with_name("first.out"), "w", encoding="utf-8") as out:
                 sys.stdout = out
                 if who == "boot unit":

@@ -555,9 +555,9 @@ def _cells(line: str) -> list[str]:
     return [cell.strip().replace("\\|", "|") for cell in cells]
 
 
-def documented_defaults() -> list[tuple[str, str, str]]:
-    """(page, variable, value) for every row of a Markdown table with a `default` column whose first cell names a
-    role variable (`name`) and whose default cell is one literal (`value`); prose in that cell is not checked."""
+def table_rows(is_default_column) -> list[tuple[str, list[str], int]]:
+    """(page, cells, default column) for every body row of every Markdown table in the docs whose header has a
+    column `is_default_column` accepts (its lower-cased title)."""
     rows = []
     for doc in DOCS:
         column = None
@@ -567,15 +567,23 @@ def documented_defaults() -> list[tuple[str, str, str]]:
                 continue
             cells = _cells(line)
             if column is None:
-                lowered = [c.lower() for c in cells]
-                column = lowered.index("default") if "default" in lowered else -1
+                column = next((i for i, c in enumerate(cells) if is_default_column(c.lower())), -1)
                 continue
             if column < 0 or column >= len(cells) or set(line) <= set("|-: "):
                 continue
-            name = re.fullmatch(r"`([a-z][a-z0-9_]+)`(?: \(.*\))?", cells[0])
-            value = re.fullmatch(r"`([^`]*)`", cells[column])
-            if name and value and name.group(1) in ROLE_DEFAULTS:
-                rows.append((doc, name.group(1), value.group(1)))
+            rows.append((doc, cells, column))
+    return rows
+
+
+def documented_defaults() -> list[tuple[str, str, str]]:
+    """(page, variable, value) for every row of a Markdown table with a `default` column whose first cell names a
+    role variable (`name`) and whose default cell is one literal (`value`); prose in that cell is not checked."""
+    rows = []
+    for doc, cells, column in table_rows(lambda title: title == "default"):
+        name = re.fullmatch(r"`([a-z][a-z0-9_]+)`(?: \(.*\))?", cells[0])
+        value = re.fullmatch(r"`([^`]*)`", cells[column])
+        if name and value and name.group(1) in ROLE_DEFAULTS:
+            rows.append((doc, name.group(1), value.group(1)))
     return rows
 
 
@@ -654,24 +662,12 @@ def documented_plugin_args() -> list[tuple[str, str, str]]:
     """(page, arg, value) for every table row whose first cell is a GPUScore arg and whose `default` cell is one
     literal: what the kube_scheduler role writes into the plugin's args."""
     rows = []
-    for doc in DOCS:
-        column = None
-        for line in (REPO / doc).read_text(encoding="utf-8").splitlines():
-            if not line.startswith("|"):
-                column = None
-                continue
-            cells = _cells(line)
-            if column is None:
-                lowered = [c.lower() for c in cells]
-                column = next((i for i, c in enumerate(lowered) if c.startswith("default")), -1)
-                continue
-            if column < 0 or column >= len(cells) or set(line) <= set("|-: "):
-                continue
-            name = re.fullmatch(r"`([a-zA-Z]+)`", cells[0])
-            value = re.fullmatch(r"`([^`]*)`", cells[column])
-            setting = re.match(r"`([A-Z_]+)`", cells[1]) if len(cells) > 1 else None
-            if name and value and name.group(1) in PLUGIN_ARGS:
-                rows.append((doc, name.group(1), setting and setting.group(1), value.group(1)))
+    for doc, cells, column in table_rows(lambda title: title.startswith("default")):
+        name = re.fullmatch(r"`([a-zA-Z]+)`", cells[0])
+        value = re.fullmatch(r"`([^`]*)`", cells[column])
+        setting = re.match(r"`([A-Z_]+)`", cells[1]) if len(cells) > 1 else None
+        if name and value and name.group(1) in PLUGIN_ARGS:
+            rows.append((doc, name.group(1), setting and setting.group(1), value.group(1)))
     return rows
 
 
