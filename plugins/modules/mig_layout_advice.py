@@ -65,7 +65,7 @@ options:
     type: dict
     suboptions:
       url:
-        description: Prometheus base URL, for example C(http://prometheus.monitoring:9090).
+        description: Prometheus base URL, for example C(https://prometheus.monitoring:9090).
         type: str
         required: true
       window:
@@ -93,6 +93,16 @@ options:
         description: Seconds to wait for Prometheus.
         type: int
         default: 10
+      ca_file:
+        description:
+          - CA bundle (PEM, on the host running the module) that Prometheus' https certificate must chain to, such
+            as the fleet's Prometheus CA. Default - the system's CAs.
+        type: path
+      token_file:
+        description:
+          - File holding a bearer token Prometheus requires (the one line of a ServiceAccount token, say); sent as
+            C(Authorization - Bearer <token>) and never returned or logged.
+        type: path
   demand_file:
     description:
       - YAML file (on the host running the module) with C(version v1) and any of C(demand), C(minimums) and
@@ -145,8 +155,10 @@ EXAMPLES = r"""
     nodes: "{{ pool_nodes }}"
     pending_pods: "{{ pending.resources }}"
     prometheus:
-      url: http://prometheus.monitoring:9090
+      url: https://prometheus.monitoring:9090
       window: 1h
+      ca_file: ~/.gpufleet/pki/prometheus-ca.crt
+      token_file: ~/.gpufleet/prometheus-token
   delegate_to: localhost
   run_once: true
 
@@ -297,6 +309,8 @@ def argument_spec() -> dict:
                 "hostnames": {"type": "list", "elements": "str"},
                 "host_label": {"type": "str"},
                 "timeout": {"type": "int", "default": 10},
+                "ca_file": {"type": "path"},
+                "token_file": {"type": "path"},
             },
         },
         "minimums": {"type": "dict"},
@@ -353,13 +367,28 @@ def demand_from_prometheus(options: dict, hostnames: list) -> tuple:
     """(the query, {profile: instances}) from Prometheus' HTTP API (an instant query)."""
     query = usage_query(options, hostnames)
     url = str(options["url"]).rstrip("/") + "/api/v1/query"
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    token_file = options.get("token_file")
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as handle:
+                token = handle.read().strip()
+        except OSError as exc:
+            raise AdviceError(f"prometheus.token_file {token_file}: {exc.strerror}") from None
+        if not token:
+            raise AdviceError(f"prometheus.token_file {token_file} is empty")
+        headers["Authorization"] = f"Bearer {token}"
+    ca_file = options.get("ca_file")
+    if ca_file and not os.path.isfile(ca_file):
+        raise AdviceError(f"prometheus.ca_file {ca_file} does not exist")
     try:
         response = open_url(
             url,
             method="POST",
             data=f"query={_quote(query)}",
-            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            headers=headers,
             timeout=options["timeout"],
+            ca_path=ca_file or None,
         )
         answer = json.loads(response.read())
     except Exception as exc:  # open_url raises URLError, HTTPError, socket errors...; one message for all

@@ -90,3 +90,73 @@ def test_an_unreachable_prometheus_or_a_bad_window_is_one_clear_error():
         mig_layout_advice.demand_from_prometheus(options, ["hk-gpu-11"])
     with pytest.raises(AdviceError, match=r"prometheus\.window must be a PromQL duration"):
         mig_layout_advice.demand_from_prometheus(dict(options, window="an hour"), ["hk-gpu-11"])
+
+
+@pytest.fixture
+def https_prometheus(tmp_path):
+    """A Prometheus stand-in over https (a certificate from a CA of its own) answering the usage query only to the
+    bearer token in its token file, as the fleet's Prometheus does: 401 otherwise."""
+    import ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from controlplane import serving_files
+
+    pki = serving_files(tmp_path / "pki", "prometheus", ("127.0.0.1",))
+    token = tmp_path / "token"
+    token.write_text("fleet-token\n")
+    seen: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            seen.append(self.headers.get("Authorization"))
+            ok = self.headers.get("Authorization") == "Bearer fleet-token"
+            body = (
+                {
+                    "status": "success",
+                    "data": {
+                        "resultType": "vector",
+                        "result": [{"metric": {"GPU_I_PROFILE": "1g.10gb"}, "value": [0, "2"]}],
+                    },
+                }
+                if ok
+                else {"status": "error"}
+            )
+            payload = json.dumps(body).encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki["tls.crt"], pki["tls.key"])
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{server.server_address[1]}", pki["ca.crt"], token, seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_https_prometheus_with_a_token_is_read_with_its_ca_and_token(https_prometheus, tmp_path):
+    url, ca, token, seen = https_prometheus
+    options = {"url": url, "window": "1h", "step": "1m", "busy_above": 0.05, "host_label": "Hostname", "timeout": 5}
+    _query, usage = mig_layout_advice.demand_from_prometheus(
+        dict(options, ca_file=str(ca), token_file=str(token)), ["hk-gpu-11"]
+    )
+    assert usage == {"1g.10gb": 2} and seen == ["Bearer fleet-token"]
+    # Without the CA the certificate is refused; without the token Prometheus is; each is one clear line.
+    with pytest.raises(
+        AdviceError, match=r"prometheus: cannot query https://127\.0\.0\.1:\d+/api/v1/query: .*CERTIFICATE"
+    ):
+        mig_layout_advice.demand_from_prometheus(dict(options, token_file=str(token)), ["hk-gpu-11"])
+    with pytest.raises(AdviceError, match=r"prometheus: cannot query .*401"):
+        mig_layout_advice.demand_from_prometheus(dict(options, ca_file=str(ca)), ["hk-gpu-11"])
+    with pytest.raises(AdviceError, match=r"prometheus\.token_file .*missing: No such file or directory"):
+        mig_layout_advice.demand_from_prometheus(dict(options, token_file=str(tmp_path / "missing")), ["hk-gpu-11"])
+    assert "fleet-token" not in str(seen[1:])  # the token never travels where it was not given
