@@ -115,8 +115,9 @@ class ClassTally:
 
 
 # --- processes ----------------------------------------------------------------------------------------------------
-def _forked(body: Callable[[], None], result_file: Path) -> int:
-    """Run `body` in a child process whose stdout goes to `result_file`; returns the raw wait status."""
+def _fork(body: Callable[[], None], result_file: Path) -> int:
+    """Start `body` in a child process whose stdout goes to `result_file`; returns its PID. The child exits with
+    the code `body` exits with (AnsibleModule and the boot unit end with sys.exit), 70 on an exception."""
     sys.stdout.flush()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the caller's code
@@ -126,7 +127,7 @@ def _forked(body: Callable[[], None], result_file: Path) -> int:
                 sys.stdout = out
                 try:
                     body()
-                except SystemExit as exc:  # AnsibleModule ends with sys.exit
+                except SystemExit as exc:
                     code = exc.code if isinstance(exc.code, int) else 1
                 finally:
                     out.flush()
@@ -134,21 +135,43 @@ def _forked(body: Callable[[], None], result_file: Path) -> int:
             traceback.print_exc()
             code = 70
         os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    return pid
+
+
+def _forked(body: Callable[[], None], result_file: Path) -> int:
+    """Run `body` as _fork does and wait for it; returns the raw wait status."""
+    _, status = os.waitpid(_fork(body, result_file), 0)
     return status
 
 
-def run_module(state: Path, config: list[dict[str, Any]], lock_timeout: int = 0, check: bool = False) -> dict:
-    """The nvidia_mig module, in a process of its own, on the simulated host `state`; returns its result."""
-    out = state.with_suffix(".result.json")
-    args = {"config": config, "nvml_sim_state": str(state), "lock_timeout": lock_timeout}
-    args["_ansible_check_mode"] = check
+def module_run(state: Path, config: list[dict[str, Any]], **options: Any) -> Callable[[], None]:
+    """The nvidia_mig module's run on the simulated host `state` with `options`, as a body for _fork."""
+    args = {"config": config, "nvml_sim_state": str(state), **options}
 
     def body() -> None:
         with patch_module_args(args):
             nvidia_mig.main()
 
-    status = _forked(body, out)
+    return body
+
+
+def boot_unit_run(state: Path, config: list[dict[str, Any]], lock_timeout: int | None = None) -> Callable[[], None]:
+    """The boot unit's run on the simulated host `state` (its own lock timeout when None), as a body for _fork."""
+    request = state.with_name("mig-layout.json")
+    argv = ["--config", str(request), "--nvml-sim-state", str(state)]
+    argv += ["--lock-timeout", str(lock_timeout)] if lock_timeout is not None else []
+
+    def body() -> None:
+        request.write_text(json.dumps({"config": config}))
+        sys.exit(boot_apply.main(argv))
+
+    return body
+
+
+def run_module(state: Path, config: list[dict[str, Any]], lock_timeout: int = 0, check: bool = False) -> dict:
+    """The nvidia_mig module, in a process of its own, on the simulated host `state`; returns its result."""
+    out = state.with_suffix(".result.json")
+    status = _forked(module_run(state, config, lock_timeout=lock_timeout, _ansible_check_mode=check), out)
     text = out.read_text(encoding="utf-8") if out.exists() else ""
     if os.WIFSIGNALED(status):
         return {"killed": os.WTERMSIG(status)}
@@ -161,12 +184,11 @@ def run_module(state: Path, config: list[dict[str, Any]], lock_timeout: int = 0,
 def run_module_dying(state: Path, config: list[dict[str, Any]], write: int, fault: str) -> dict:
     """The module, killed at its `write`-th NVML write (after it, or tearing the state file it writes)."""
     out = state.with_suffix(".result.json")
-    args = {"config": config, "nvml_sim_state": str(state), "lock_timeout": 0}
+    run = module_run(state, config, lock_timeout=0)
 
     def body() -> None:
         arm_crash(write, torn=fault == "torn write")
-        with patch_module_args(args):
-            nvidia_mig.main()
+        run()
 
     status = _forked(body, out)
     return {"killed": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"finished": os.WEXITSTATUS(status)}
@@ -232,10 +254,11 @@ def count_writes(state: Path, config: list[dict[str, Any]]) -> int:
         counter.write_text(str(rank))
         return call()
 
+    run = module_run(probe, config, lock_timeout=0)
+
     def body() -> None:
         on_each_write(counted)
-        with patch_module_args({"config": config, "nvml_sim_state": str(probe), "lock_timeout": 0}):
-            nvidia_mig.main()
+        run()
 
     status = _forked(body, state.with_name("probe.result.json"))
     if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
@@ -244,10 +267,7 @@ def count_writes(state: Path, config: list[dict[str, Any]]) -> int:
 
 
 def run_boot_unit(state: Path, config: list[dict[str, Any]], lock_timeout: int = 0) -> int:
-    request = state.with_name("mig-layout.json")
-    request.write_text(json.dumps({"config": config}))
-    argv = ["--config", str(request), "--nvml-sim-state", str(state), "--lock-timeout", str(lock_timeout)]
-    status = _forked(lambda: sys.exit(boot_apply.main(argv)), state.with_name("boot.out"))
+    status = _forked(boot_unit_run(state, config, lock_timeout), state.with_name("boot.out"))
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
 
 
@@ -416,36 +436,20 @@ def _start_paused_change(state: Path, config: list[dict[str, Any]], write: int, 
     its PID once it is paused there (holding the host's lock)."""
     paused = state.with_name("paused")
     paused.unlink(missing_ok=True)
-    sys.stdout.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
+    run = boot_unit_run(state, config) if who == "boot unit" else module_run(state, config)
 
-            def pausing(rank: int, call: Callable[[], Any]) -> Any:
-                value = call()
-                if rank == write:
-                    paused.touch()
-                    time.sleep(pause)
-                return value
+    def pausing(rank: int, call: Callable[[], Any]) -> Any:
+        value = call()
+        if rank == write:
+            paused.touch()
+            time.sleep(pause)
+        return value
 
-            on_each_write(pausing)
-            with open(state.with_name("first.out"), "w", encoding="utf-8") as out:
-                sys.stdout = out
-                if who == "boot unit":
-                    request = state.with_name("mig-layout.json")
-                    request.write_text(json.dumps({"config": config}))
-                    code = boot_apply.main(["--config", str(request), "--nvml-sim-state", str(state)])
-                else:
-                    try:
-                        with patch_module_args({"config": config, "nvml_sim_state": str(state)}):
-                            nvidia_mig.main()
-                    except SystemExit as exc:
-                        code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            code = 70
-        os._exit(code)
+    def body() -> None:
+        on_each_write(pausing)
+        run()
+
+    pid = _fork(body, state.with_name("first.out"))
     deadline = time.monotonic() + 30
     while not paused.exists():
         if time.monotonic() > deadline:
