@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,17 +33,6 @@ def _metrics_read(expr: str) -> set[str]:
     without_matchers = re.sub(r"\{[^}]*\}", "{}", expr)
     without_groupings = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", without_matchers)
     return {name for name in METRIC.findall(without_groupings) if "_" in name and not name.startswith("group_")}
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    binary = os.environ.get("GPUFLEET_PROMTOOL_BINARY") or shutil.which("promtool") or "/usr/bin/promtool"
-    if not Path(binary).is_file():
-        message = f"promtool not found ({binary}): Debian's prometheus package ships it (tests/setup-system.sh)"
-        if os.environ.get("GPUFLEET_REQUIRE_PROMETHEUS") == "1" or os.environ.get("CI", "false") not in ("", "false"):
-            pytest.fail(message + ", and CI / GPUFLEET_REQUIRE_PROMETHEUS=1 needs it")
-        pytest.skip(message)
-    return binary
 
 
 def test_rules_file_passes_promtool_check(promtool):

@@ -230,6 +230,66 @@ def _add_recording_rules(subparsers: argparse._SubParsersAction[argparse.Argumen
     rules.set_defaults(handler=_recording_rules)
 
 
+def _remote_write_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from gpufleet_extender.push_config import PushTarget, operator_remote_write, remote_write
+
+    node_labels = tuple(label for value in args.node_label for label in value.split(",") if label) or (
+        "Hostname",
+        "hostname",
+    )
+    pinned = {"job": args.exporter_job, "namespace": args.exporter_namespace}
+    if args.operator:
+        secret = _secret_key(args.token_secret, "--token-secret") if args.token_secret else None
+        config_map = _secret_key(args.ca_config_map, "--ca-config-map") if args.ca_config_map else None
+        document = {
+            "remoteWrite": operator_remote_write(
+                args.url, node_labels, **pinned, token_secret=secret, ca_config_map=config_map
+            )
+        }
+    else:
+        targets = [PushTarget(url, args.token_file, args.ca_file) for url in args.url]
+        document = {"remote_write": remote_write(targets, node_labels, **pinned)}
+    sys.stdout.write(yaml.safe_dump(document, sort_keys=False, width=1_000_000))
+    return 0
+
+
+def _secret_key(value: str, option: str) -> tuple[str, str]:
+    name, _, key = value.partition("/")
+    if not name or not key:
+        raise SystemExit(f"gpufleet-extender: {option} takes <name>/<key>, got {value!r}")
+    return name, key
+
+
+def _add_remote_write_config(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    push = subparsers.add_parser(
+        "remote-write-config",
+        help="print the Prometheus remote-write configuration METRICS_SOURCE=push needs (YAML)",
+    )
+    push.add_argument("--url", action="append", required=True, help="a receiver's URL (repeat: one per receiver)")
+    push.add_argument(
+        "--node-label",
+        action="append",
+        default=[],
+        help="host label of the dcgm series, as NODE_NAME_LABELS (repeat or comma-separate; default Hostname,hostname)",
+    )
+    push.add_argument("--exporter-job", default="", help="the exporter's scrape job, as EXPORTER_JOB ('': any)")
+    push.add_argument(
+        "--exporter-namespace", default="", help="the exporter's namespace label, as EXPORTER_NAMESPACE ('': any)"
+    )
+    push.add_argument("--token-file", default="", help="plain Prometheus: file holding the receivers' bearer token")
+    push.add_argument("--ca-file", default="", help="plain Prometheus: the CA the receivers' certificates chain to")
+    push.add_argument(
+        "--operator",
+        action="store_true",
+        help="print entries of the Prometheus Operator's Prometheus.spec.remoteWrite instead of remote_write",
+    )
+    push.add_argument("--token-secret", default="", help="--operator: <Secret>/<key> holding the bearer token")
+    push.add_argument("--ca-config-map", default="", help="--operator: <ConfigMap>/<key> holding the CA")
+    push.set_defaults(handler=_remote_write_config)
+
+
 def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
     """The CLI. ``serve_only`` leaves the other commands unimported: the kubelet's probes time serve's start."""
     parser = argparse.ArgumentParser(
@@ -240,6 +300,7 @@ def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
     _add_serve(subparsers)
     _add_check_config(subparsers)
     _add_recording_rules(subparsers)
+    _add_remote_write_config(subparsers)
     for name, module_name in ({} if serve_only else COMMAND_MODULES).items():
         try:
             module = importlib.import_module(module_name)
