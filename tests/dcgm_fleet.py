@@ -146,8 +146,8 @@ class FleetExporter:
 
 class FleetPrometheus:
     """A real Prometheus on 127.0.0.1 scraping a FleetExporter's shards (job dcgm-exporter, namespace
-    EXPORTER_NAMESPACE) every `interval` s, and evaluating `rules` (a rule group, as
-    metrics_source.recording_rules gives it) as often when given;
+    EXPORTER_NAMESPACE) every `interval` s, evaluating `rules` (a rule group, as
+    metrics_source.recording_rules gives it) as often when given, and sending to `remote_write`'s receivers;
     `__enter__` returns its URL once every series of the fleet is in (and every device's recorded series)."""
 
     def __init__(
@@ -157,9 +157,11 @@ class FleetPrometheus:
         binary: str = "/usr/bin/prometheus",
         interval: int = 30,
         rules: dict | None = None,
+        remote_write: list[dict] | None = None,
     ):
         self.fleet, self.workdir, self.binary, self.interval = fleet, workdir, binary, interval
         self.rules = rules
+        self.remote_write = remote_write  # a remote_write list (push_config.remote_write) sent to as it scrapes
         self.process: subprocess.Popen | None = None
         self.exporter: FleetExporter | None = None
         self.port = 0
@@ -181,6 +183,7 @@ class FleetPrometheus:
             f"global: {{scrape_interval: {self.interval}s, scrape_timeout: {self.interval}s,"
             f" evaluation_interval: {self.interval}s}}\n{rule_files}"
             f"scrape_configs:\n  - job_name: dcgm-exporter\n    static_configs:\n{targets}"
+            + (f"remote_write: {json.dumps(self.remote_write)}\n" if self.remote_write else "")
         )
         self.port = free_port()
         self._launch()
