@@ -12,6 +12,7 @@ task says so too (`nvml_sim_on_gpu_host`), for the same reason.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from .exceptions import NvmlUnavailableError
 from .nvml import SIM_ENV, NvmlInterface, PynvmlBackend
@@ -41,12 +42,12 @@ def open_nvml(sim_state: str | None = None, *, sim_on_gpu_host: bool = False) ->
     return SimulatedNvml(sim_state)
 
 
-def ignored_environment(sim_state: str | None) -> str | None:
-    """A warning when the environment names a simulator the task does not: it is ignored, and the user should know."""
+def warn_ignored_environment(warn: Callable[[str], object], sim_state: str | None) -> None:
+    """Warn (a module's ``warn``) when the environment names a simulator the task does not: it is ignored, and the
+    user should know."""
     value = os.environ.get(SIM_ENV)
     if value and not sim_state:
-        return (
+        warn(
             f"{SIM_ENV}={value} is set in this host's environment and ignored: the NVML simulator is chosen only by "
             "the nvml_sim_state option; the real GPUs are used"
         )
-    return None

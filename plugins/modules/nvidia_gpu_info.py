@@ -129,7 +129,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.mig.plugins.module_utils.args_common import nvml_backend_args
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError
 from ansible_collections.gpufleet.mig.plugins.module_utils.gpu_info import collect
-from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import ignored_environment, open_nvml
+from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import open_nvml, warn_ignored_environment
 
 
 def argument_spec() -> dict:
@@ -140,9 +140,7 @@ def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     nvml = None
     try:
-        warning = ignored_environment(module.params["nvml_sim_state"])
-        if warning:
-            module.warn(warning)
+        warn_ignored_environment(module.warn, module.params["nvml_sim_state"])
         nvml = open_nvml(module.params["nvml_sim_state"], sim_on_gpu_host=module.params["nvml_sim_on_gpu_host"])
         gpus = collect(nvml)
     except MigError as exc:

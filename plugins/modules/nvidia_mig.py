@@ -258,7 +258,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.mig.plugins.module_utils.args_common import nvml_backend_args
 from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError, SpecError
 from ansible_collections.gpufleet.mig.plugins.module_utils.host_lock import lock_path, mig_change_lock
-from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import ignored_environment, open_nvml
+from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_backend import open_nvml, warn_ignored_environment
 from ansible_collections.gpufleet.mig.plugins.module_utils.runner import apply
 from ansible_collections.gpufleet.mig.plugins.module_utils.spec import config_from_mig_parted
 
@@ -343,9 +343,7 @@ def main():
         else:
             # Drop the suboptions Ansible filled with None so the spec sees what the user wrote.
             config = [{k: v for k, v in entry.items() if v is not None} for entry in params["config"]]
-        warning = ignored_environment(params["nvml_sim_state"])
-        if warning:
-            module.warn(warning)
+        warn_ignored_environment(module.warn, params["nvml_sim_state"])
         with ExitStack() as stack:
             if not module.check_mode:
                 lock = lock_path(params["nvml_sim_state"])
