@@ -708,3 +708,105 @@ def test_the_extender_reads_the_recorded_form_unless_the_inventory_turns_the_rul
     assert lab["ConfigMap"]["data"]["PROMETHEUS_QUERY"] == "recorded"
     raw = render_extender(tmp_path, "inventories/hongkong+lab", {"gpufleet_metrics_recording_rules": False})
     assert raw["ConfigMap"]["data"]["PROMETHEUS_QUERY"] == "raw"
+
+
+# --- the push form -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pushed(tmp_path_factory):
+    """The lab rendered with gpufleet_metrics_source: push: the objects keyed by (kind, name), and the directory."""
+    manifests = render_roles(
+        ["gpu_extender"],
+        tmp_path_factory.mktemp("extender-push"),
+        inventory="inventories/hongkong+lab",
+        extra_vars={"gpufleet_metrics_source": "push"},
+    )
+    assert validate_manifests(manifests) > 0
+    found = {
+        (doc["kind"], doc["metadata"]["name"]): doc
+        for name, docs in load_manifests(manifests).items()
+        if name.startswith("gpu_extender/")
+        for doc in docs
+    }
+    return found, manifests
+
+
+def test_push_makes_each_replica_a_receiver_with_an_address_of_its_own(pushed):
+    found, _ = pushed
+    assert ("Deployment", "gpufleet-extender") not in found
+    workload = found[("StatefulSet", "gpufleet-extender")]["spec"]
+    assert workload["serviceName"] == "gpufleet-extender-receivers"
+    assert workload["podManagementPolicy"] == "Parallel"
+    receivers = found[("Service", "gpufleet-extender-receivers")]["spec"]
+    assert receivers["clusterIP"] == "None"
+    # A replica is ready only once pushed to: its address must resolve before that.
+    assert receivers["publishNotReadyAddresses"] is True
+    assert receivers["selector"] == SELECTOR == workload["selector"]["matchLabels"]
+    assert receivers["ports"] == [
+        {"name": "remote-write", "port": 9402, "targetPort": "remote-write", "protocol": "TCP"}
+    ]
+    (container,) = workload["template"]["spec"]["containers"]
+    assert {"name": "remote-write", "containerPort": 9402, "protocol": "TCP"} in container["ports"]
+    # The scheduler-facing Service is unchanged: the receivers are not behind it.
+    assert [p["name"] for p in found[("Service", "gpufleet-extender")]["spec"]["ports"]] == ["https"]
+
+
+def test_push_settings_point_at_the_mounted_token_and_certificate(pushed):
+    found, _ = pushed
+    data = found[("ConfigMap", "gpufleet-extender")]["data"]
+    assert data["METRICS_SOURCE"] == "push"
+    assert data["REMOTE_WRITE_ADDRESS"] == ":9402"
+    pod = found[("StatefulSet", "gpufleet-extender")]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    token = volumes["remote-write-token"]["secret"]
+    assert token["secretName"] == "gpufleet-remote-write"
+    (item,) = token["items"]
+    assert item["key"] == "token"
+    assert data["REMOTE_WRITE_TOKEN_FILE"] == f"{mounts['remote-write-token']}/{item['path']}"
+    tls = {i["key"]: f"{mounts['tls']}/{i['path']}" for i in volumes["tls"]["secret"]["items"]}
+    assert (data["REMOTE_WRITE_CERT_FILE"], data["REMOTE_WRITE_KEY_FILE"]) == (tls["tls.crt"], tls["tls.key"])
+    # (The role rendered them only after the extender's own check-config accepted this ConfigMap.)
+
+
+def test_only_prometheus_reaches_the_receivers(pushed):
+    found, _ = pushed
+    rules = found[("NetworkPolicy", "gpufleet-extender")]["spec"]["ingress"]
+    (receivers,) = [rule for rule in rules if rule["ports"][0]["port"] == "remote-write"]
+    peers = [
+        (p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"], p["podSelector"]["matchLabels"])
+        for p in receivers["from"]
+    ]
+    assert peers == [("monitoring", {"app.kubernetes.io/name": "prometheus"})]
+
+
+def test_prometheus_is_told_every_receiver_and_the_certificate_names_them(pushed):
+    found, manifests = pushed
+    certificate = found[("Certificate", "gpufleet-extender-tls")]["spec"]
+    replicas = found[("StatefulSet", "gpufleet-extender")]["spec"]["replicas"]
+    plain = yaml.safe_load((manifests / "gpu_extender" / "remote-write.yaml.snippet").read_text())["remote_write"]
+    operator = yaml.safe_load((manifests / "gpu_extender" / "remote-write-operator.yaml.snippet").read_text())
+    urls = [entry["url"] for entry in plain]
+    assert urls == [entry["url"] for entry in operator["remoteWrite"]]
+    assert urls == [
+        f"https://gpufleet-extender-{i}.gpufleet-extender-receivers.gpufleet-system.svc:9402/api/v1/write"
+        for i in range(replicas)
+    ]
+    for url in urls:  # a wildcard covers exactly one label: the pod's name
+        host = url.split("/")[2].split(":")[0]
+        assert any(
+            name == host or (name.startswith("*.") and host.split(".", 1)[1] == name[2:])
+            for name in certificate["dnsNames"]
+        ), (host, certificate["dnsNames"])
+    entry = operator["remoteWrite"][0]
+    assert entry["authorization"]["credentials"] == {"name": "gpufleet-remote-write", "key": "token"}
+    assert entry["tlsConfig"]["ca"]["configMap"] == {"name": "gpufleet-remote-write-ca", "key": "ca.crt"}
+    assert plain[0]["write_relabel_configs"][0]["regex"].count("|") == 3  # the four dcgm series, nothing else
+
+
+def test_without_push_the_replicas_stay_a_deployment_and_nothing_listens_for_writes(lab):
+    assert "StatefulSet" not in lab
+    assert "REMOTE_WRITE_ADDRESS" not in lab["ConfigMap"]["data"]
+    ports = lab["Deployment"]["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert [p["name"] for p in ports] == ["https"]
