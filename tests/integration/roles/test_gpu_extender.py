@@ -810,3 +810,12 @@ def test_without_push_the_replicas_stay_a_deployment_and_nothing_listens_for_wri
     assert "REMOTE_WRITE_ADDRESS" not in lab["ConfigMap"]["data"]
     ports = lab["Deployment"]["spec"]["template"]["spec"]["containers"][0]["ports"]
     assert [p["name"] for p in ports] == ["https"]
+
+
+def test_an_inventory_without_fleet_wide_settings_gets_the_collections_defaults(tmp_path):
+    # No gpufleet_namespace, gpufleet_tenants, ...: roles/gpufleet's defaults apply, as they do for every role.
+    inventory = write_inventory(tmp_path, {"all": {"children": {"control_plane": {"hosts": {"cp-1": None}}}}})
+    rendered = render_extender(tmp_path, inventory)
+    assert {doc["metadata"].get("namespace") for doc in rendered.values()} == {"gpufleet-system", None}
+    assert rendered["ConfigMap"]["data"]["EXPORTER_NAMESPACE"] == "gpufleet-node-agents"
+    assert rendered["ConfigMap"]["data"]["METRICS_SOURCE"] == "prometheus"
