@@ -1,11 +1,12 @@
 """Helpers shared by every suite under tests/: running a playbook the way a user does, and free local ports.
 
-Importable as `support` once tests/ is on sys.path (each conftest that needs it puts it there)."""
+Importable as `support`: pytest.ini puts tests/ on sys.path."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -17,6 +18,20 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def require_tool(name: str, package: str, override: str = "") -> str:
+    """The path of a system tool a test needs (Debian package `package`, installed by tests/setup-system.sh);
+    `override` names an environment variable that may point at another binary. Missing, it is a skip on a
+    developer's machine and a failure in CI (CI set) or with GPUFLEET_REQUIRE_PROMETHEUS=1, where a skip would hide
+    that the check never ran."""
+    binary = (os.environ.get(override) if override else None) or shutil.which(name) or f"/usr/bin/{name}"
+    if not Path(binary).is_file():
+        message = f"{name} not found ({binary}): Debian's {package} package ships it (tests/setup-system.sh)"
+        if os.environ.get("GPUFLEET_REQUIRE_PROMETHEUS") == "1" or os.environ.get("CI", "false") not in ("", "false"):
+            pytest.fail(message + ", and CI / GPUFLEET_REQUIRE_PROMETHEUS=1 needs it")
+        pytest.skip(message)
+    return binary
 
 
 @cache

@@ -13,7 +13,9 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
+from support import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "roles" / "monitoring" / "files" / "gpufleet-alerts.rules.yml"
@@ -33,6 +35,11 @@ def _metrics_read(expr: str) -> set[str]:
     without_matchers = re.sub(r"\{[^}]*\}", "{}", expr)
     without_groupings = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", without_matchers)
     return {name for name in METRIC.findall(without_groupings) if "_" in name and not name.startswith("group_")}
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    return require_tool("promtool", "prometheus", override="GPUFLEET_PROMTOOL_BINARY")
 
 
 def test_rules_file_passes_promtool_check(promtool):

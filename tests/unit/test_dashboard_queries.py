@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -34,7 +32,7 @@ sys.path.insert(0, str(REPO / "extender" / "tests"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from extender_helpers import make_pod, names_args  # noqa: E402
-from support import collections_path, free_port  # noqa: E402
+from support import collections_path, free_port, require_tool  # noqa: E402
 from test_integration import start_extender, stop, wait_for  # noqa: E402  (the extender's own helpers)
 
 collections_path()  # makes ansible_collections.gpufleet.mig importable
@@ -44,7 +42,6 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import new_s
 
 DASHBOARD = REPO / "roles" / "monitoring" / "files" / "gpufleet-fleet-dashboard.json"
 CAPTURES = REPO / "extender" / "tests" / "data"
-PROMETHEUS = os.environ.get("GPUFLEET_PROMETHEUS_BINARY", "/usr/bin/prometheus")
 # The capture's layout: GPU 0 in MIG mode with two 3g.40gb instances, GPU 1 a whole GPU.
 CAPTURED_LAYOUT = [
     {"devices": [0], "mig_enabled": True, "mig_devices": {"3g.40gb": 2}},
@@ -155,11 +152,7 @@ def _exercise_extender(url: str, metrics_file: Path) -> None:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory) -> Iterator[str]:
-    if shutil.which(PROMETHEUS) is None:
-        message = f"Prometheus binary {PROMETHEUS} not found (Debian package 'prometheus', tests/setup-system.sh)"
-        if os.environ.get("GPUFLEET_REQUIRE_PROMETHEUS") == "1" or os.environ.get("CI", "false") not in ("", "false"):
-            pytest.fail(message + ", and CI / GPUFLEET_REQUIRE_PROMETHEUS=1 needs it")
-        pytest.skip(message)
+    prometheus_binary = require_tool("prometheus", "prometheus", override="GPUFLEET_PROMETHEUS_BINARY")
     tmp_path = tmp_path_factory.mktemp("dashboard")
     pages = {f"/dcgm/{label}": _capture(label) for label in ("Hostname", "hostname")}
     for node, (_label, pool, declared) in NODES.items():
@@ -192,7 +185,7 @@ def prometheus(tmp_path_factory) -> Iterator[str]:
             with (tmp_path / "prometheus.log").open("w") as log:
                 process = subprocess.Popen(
                     [
-                        PROMETHEUS,
+                        prometheus_binary,
                         f"--config.file={tmp_path / 'prometheus.yml'}",
                         f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                         f"--web.listen-address=127.0.0.1:{port}",

@@ -11,6 +11,7 @@ import yaml
 from gpufleet_extender.metrics_source import DECISION_LABELS
 from gpufleet_extender.push_config import kept_labels, write_relabel_configs
 from gpufleet_extender.snapshot import DCGM_METRICS
+from support import require_tool
 
 URLS = ("https://gpufleet-extender-0.rw.gpufleet-system.svc:9402/api/v1/write", "https://10.0.0.5:9402/api/v1/write")
 
@@ -26,7 +27,8 @@ def _cli(*args: str) -> dict:
     return yaml.safe_load(result.stdout)
 
 
-def test_prometheus_accepts_the_plain_configuration(promtool, tmp_path):
+def test_prometheus_accepts_the_plain_configuration(tmp_path):
+    promtool = require_tool("promtool", "prometheus", override="GPUFLEET_PROMTOOL_BINARY")
     (tmp_path / "token").write_text("secret\n")
     (tmp_path / "ca.crt").write_text("")
     args = [f"--url={url}" for url in URLS]

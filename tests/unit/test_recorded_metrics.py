@@ -10,21 +10,14 @@ Without Prometheus this test skips, unless CI or GPUFLEET_REQUIRE_PROMETHEUS=1 m
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet
+from gpufleet_extender.metrics_source import PrometheusSource, exporter_matchers, recording_rules
+from gpufleet_extender.snapshot import MetricsSnapshot
+from support import require_tool
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
-
-from dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet  # noqa: E402
-from gpufleet_extender.metrics_source import PrometheusSource, exporter_matchers, recording_rules  # noqa: E402
-from gpufleet_extender.snapshot import MetricsSnapshot  # noqa: E402
-
-PROMETHEUS = os.environ.get("GPUFLEET_PROMETHEUS_BINARY", "/usr/bin/prometheus")
 NODE_LABELS = ("Hostname", "hostname")
 MATCHERS = exporter_matchers("dcgm-exporter", EXPORTER_NAMESPACE)
 NODES = 30  # ten of each pool, three hot
@@ -33,15 +26,11 @@ INTERVAL = 2  # seconds between scrapes and between rule evaluations
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory) -> str:
-    if not Path(PROMETHEUS).is_file():
-        message = f"Prometheus not found ({PROMETHEUS}): Debian's prometheus package ships it (tests/setup-system.sh)"
-        if os.environ.get("GPUFLEET_REQUIRE_PROMETHEUS") == "1" or os.environ.get("CI", "false") not in ("", "false"):
-            pytest.fail(message + ", and CI / GPUFLEET_REQUIRE_PROMETHEUS=1 needs it")
-        pytest.skip(message)
+    prometheus_binary = require_tool("prometheus", "prometheus", override="GPUFLEET_PROMETHEUS_BINARY")
     fleet = make_fleet(NODES)
     rules = recording_rules(NODE_LABELS, MATCHERS)
     workdir = tmp_path_factory.mktemp("prometheus")
-    with FleetPrometheus(fleet, workdir, PROMETHEUS, interval=INTERVAL, rules=rules) as url:
+    with FleetPrometheus(fleet, workdir, prometheus_binary, interval=INTERVAL, rules=rules) as url:
         yield url
 
 

@@ -6,14 +6,13 @@ resources, issue 7)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from urllib.parse import urlparse
 
 import pytest
 import yaml
 from conftest import load_manifests, render_roles, try_render, validate_manifests
+from support import require_tool
 
 # descheduler v1alpha2 fields (pkg/api/v1alpha2/types.go, LowNodeUtilizationArgs, DefaultEvictorArgs).
 POLICY_FIELDS = {
@@ -244,18 +243,6 @@ def series(
         labels |= {"GPU_I_PROFILE": profile, "GPU_I_ID": instance_id}
     text = ",".join(f'{k}="{v}"' for k, v in labels.items())
     return {"series": f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{text}}}", "values": f"{value}x10"}
-
-
-def require_tool(name: str, package: str) -> str:
-    """The tool's path. Missing: a skip on a developer's machine, a failure in CI (CI is set), where
-    tests/setup-system.sh installs it and a skip would hide that the check never ran."""
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed (Debian package {package!r}, tests/setup-system.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(message + "; CI is set, so this is a failure, not a skip")
-        pytest.skip(message)
-    return path
 
 
 def test_query_gives_each_gpu_node_its_slice_weighted_load(tmp_path):

@@ -31,6 +31,7 @@ from gpufleet_extender.config import Settings
 from gpufleet_extender.scoring import Policy
 
 SELECTOR = {"app.kubernetes.io/name": "gpufleet-extender", "app.kubernetes.io/component": "scheduler-extender"}
+PART_OF = {"app.kubernetes.io/part-of": "gpufleet", "app.kubernetes.io/managed-by": "gpufleet.mig"}
 
 
 def objects(documents: dict[str, list[dict]]) -> dict[str, dict]:
@@ -736,13 +737,15 @@ def test_push_makes_each_replica_a_receiver_with_an_address_of_its_own(pushed):
     found, _ = pushed
     assert ("Deployment", "gpufleet-extender") not in found
     workload = found[("StatefulSet", "gpufleet-extender")]["spec"]
-    assert workload["serviceName"] == "gpufleet-extender-receivers"
+    assert workload["serviceName"] == "gpufleet-metrics-receivers"
     assert workload["podManagementPolicy"] == "Parallel"
-    receivers = found[("Service", "gpufleet-extender-receivers")]["spec"]
+    receivers = found[("Service", "gpufleet-metrics-receivers")]["spec"]
     assert receivers["clusterIP"] == "None"
     # A replica is ready only once pushed to: its address must resolve before that.
     assert receivers["publishNotReadyAddresses"] is True
-    assert receivers["selector"] == SELECTOR == workload["selector"]["matchLabels"]
+    # The fleet's receivers (the extender's replicas, gpufleet-scheduler's in plugin mode) by their label.
+    assert receivers["selector"] == {"gpufleet.io/metrics-receiver": "true"}
+    assert workload["template"]["metadata"]["labels"] == {**SELECTOR, **receivers["selector"], **PART_OF}
     assert receivers["ports"] == [
         {"name": "remote-write", "port": 9402, "targetPort": "remote-write", "protocol": "TCP"}
     ]
@@ -790,7 +793,7 @@ def test_prometheus_is_told_every_receiver_and_the_certificate_names_them(pushed
     urls = [entry["url"] for entry in plain]
     assert urls == [entry["url"] for entry in operator["remoteWrite"]]
     assert urls == [
-        f"https://gpufleet-extender-{i}.gpufleet-extender-receivers.gpufleet-system.svc:9402/api/v1/write"
+        f"https://gpufleet-extender-{i}.gpufleet-metrics-receivers.gpufleet-system.svc:9402/api/v1/write"
         for i in range(replicas)
     ]
     for url in urls:  # a wildcard covers exactly one label: the pod's name

@@ -859,3 +859,54 @@ def test_plugin_mode_reads_the_recorded_form_as_the_extender_does(tmp_path):
     off = {"gpufleet_metrics_recording_rules": False}
     raw = scheduler_config(render_roles([ROLE], tmp_path / "raw", extra_vars=off))
     assert raw["profiles"][0]["pluginConfig"][0]["args"]["prometheusQuery"] == "raw"
+
+
+# --- plugin mode, pushed load -----------------------------------------------------------------------------------------
+
+
+def test_plugin_mode_with_push_receives_the_load_in_each_replica(tmp_path):
+    manifests = render_roles([ROLE], tmp_path, extra_vars={"gpufleet_metrics_source": "push"})
+    args = scheduler_config(manifests)["profiles"][0]["pluginConfig"][0]["args"]
+    found = objects(manifests)
+    assert ("Deployment", "gpufleet-scheduler") not in found
+    workload = found[("StatefulSet", "gpufleet-scheduler")]["spec"]
+    # Named through the fleet's receivers' Service, as the extender's replicas are.
+    assert workload["serviceName"] == "gpufleet-metrics-receivers"
+    assert workload["template"]["metadata"]["labels"]["gpufleet.io/metrics-receiver"] == "true"
+    pod = workload["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {"name": "remote-write", "containerPort": 9402, "protocol": "TCP"} in container["ports"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    assert volumes["remote-write-token"]["secretName"] == "gpufleet-remote-write"
+    assert volumes["remote-write-tls"]["secretName"] == "gpufleet-extender-tls"
+    token_path = volumes["remote-write-token"]["items"][0]["path"]
+    assert args["metricsSource"] == "push"
+    assert args["remoteWriteAddress"] == ":9402"
+    assert args["remoteWriteTokenFile"] == f"{mounts['remote-write-token']}/{token_path}"
+    assert (args["remoteWriteCertFile"], args["remoteWriteKeyFile"]) == (
+        f"{mounts['remote-write-tls']}/tls.crt",
+        f"{mounts['remote-write-tls']}/tls.key",
+    )
+    # Only Prometheus reaches the receivers; the secure port stays open as before.
+    ingress = found[("NetworkPolicy", "gpufleet-scheduler")]["spec"]["ingress"]
+    assert ingress[0] == {"ports": [{"port": "https", "protocol": "TCP"}]}
+    assert [p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in ingress[1]["from"]] == [
+        "monitoring"
+    ]
+    # Prometheus is told every replica's receiver.
+    plain = yaml.safe_load((manifests / "kube_scheduler" / "remote-write.yaml.snippet").read_text())
+    assert [entry["url"] for entry in plain["remote_write"]] == [
+        f"https://gpufleet-scheduler-{i}.gpufleet-metrics-receivers.gpufleet-system.svc:9402/api/v1/write"
+        for i in range(workload["replicas"])
+    ]
+
+
+def test_plugin_mode_without_push_keeps_its_deployment_and_queries_prometheus(tmp_path):
+    manifests = render_roles([ROLE], tmp_path)
+    args = scheduler_config(manifests)["profiles"][0]["pluginConfig"][0]["args"]
+    assert "metricsSource" not in args and "remoteWriteAddress" not in args
+    found = objects(manifests)
+    assert ("Deployment", "gpufleet-scheduler") in found
+    assert ("NetworkPolicy", "gpufleet-scheduler") not in found
+    assert not (manifests / "kube_scheduler" / "remote-write.yaml.snippet").exists()
