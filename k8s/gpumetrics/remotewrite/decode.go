@@ -59,12 +59,12 @@ var fixedLabels = [labelNode]string{"__name__", "gpu", "UUID", "GPU_I_ID", "GPU_
 // span is a part of the decoded request.
 type span struct{ start, end int32 }
 
-// series is one kept TimeSeries of a request: its labels' values (an empty span: absent) and the whole message,
-// read again for its samples once the request decoded entirely.
+// series is one kept TimeSeries of a request: its labels' values (an empty span: absent) and where its samples
+// are, read again once the request decoded entirely.
 type series struct {
 	values  [maxLabels]span
-	metric  int // index into the metrics the decision reads
-	message span
+	metric  int  // index into the metrics the decision reads
+	samples span // from the first Sample field to the end of the last (other fields between are skipped)
 }
 
 // filter is what decides which series are kept: the metrics' names, the node name labels, and the exporter's
@@ -104,7 +104,7 @@ func (d *decoded) decode(body []byte, f *filter) error {
 	d.body, d.kept, d.ignored = body, d.kept[:0], 0
 	b := body
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return malformed{"WriteRequest: " + protowire.ParseError(n).Error()}
 		}
@@ -113,7 +113,7 @@ func (d *decoded) decode(body []byte, f *filter) error {
 			if typ != protowire.BytesType {
 				return malformed{"WriteRequest.timeseries is not a message"}
 			}
-			message, n := protowire.ConsumeBytes(b)
+			message, n := consumeBytes(b)
 			if n < 0 {
 				return malformed{"WriteRequest.timeseries: " + protowire.ParseError(n).Error()}
 			}
@@ -133,23 +133,22 @@ func (d *decoded) decode(body []byte, f *filter) error {
 	return nil
 }
 
-// series parses one TimeSeries (message, at offset start of the body): its labels, then whether it is kept. The
-// samples of a kept series are checked here and read again by samples; those of the others are not looked at.
+// series parses one TimeSeries (message, at offset start of the body): its labels and samples, then whether it is
+// kept.
 func (d *decoded) series(message []byte, start int32, f *filter) error {
 	var s series
-	s.message = span{start, start + int32(len(message))}
 	named := false
 	b := message
-	var samples []byte // the first sample field's position, to check them once the series is known to be kept
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		field := start + int32(len(message)-len(b))
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return malformed{"TimeSeries: " + protowire.ParseError(n).Error()}
 		}
 		b = b[n:]
 		switch {
 		case num == 1 && typ == protowire.BytesType:
-			label, n := protowire.ConsumeBytes(b)
+			label, n := consumeBytes(b)
 			if n < 0 {
 				return malformed{"TimeSeries.labels: " + protowire.ParseError(n).Error()}
 			}
@@ -165,12 +164,22 @@ func (d *decoded) series(message []byte, start int32, f *filter) error {
 				}
 			}
 			b = b[n:]
-		case num == 1 || num == 2 && typ != protowire.BytesType:
+		case num == 2 && typ == protowire.BytesType:
+			sample, n := consumeBytes(b)
+			if n < 0 {
+				return malformed{"TimeSeries.samples: " + protowire.ParseError(n).Error()}
+			}
+			if _, _, err := parseSample(sample); err != nil {
+				return err
+			}
+			if s.samples.end == 0 {
+				s.samples.start = field
+			}
+			b = b[n:]
+			s.samples.end = start + int32(len(message)-len(b))
+		case num == 1 || num == 2:
 			return malformed{fmt.Sprintf("TimeSeries field %d has wire type %d", num, typ)}
 		default:
-			if num == 2 && samples == nil {
-				samples = b
-			}
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
 				return malformed{fmt.Sprintf("TimeSeries field %d: %v", num, protowire.ParseError(n))}
@@ -194,11 +203,6 @@ func (d *decoded) series(message []byte, start int32, f *filter) error {
 		d.node(&s, len(f.nodeLabels)) == nil {
 		d.ignored++
 		return nil
-	}
-	if samples != nil {
-		if err := eachSample(d.body[s.message.start:s.message.end], func(float64, int64) {}); err != nil {
-			return err
-		}
 	}
 	d.kept = append(d.kept, s)
 	return nil
@@ -238,15 +242,22 @@ func labelIndex(text []byte, nodeLabels []string) int {
 
 // parseLabel is a Label's name and value, as spans of the body (label starts at offset).
 func parseLabel(label []byte, offset int32) (name, value span, err error) {
+	// As Prometheus writes it: the name, then the value, both under 128 bytes.
+	if len(label) >= 4 && label[0] == 0x0a && label[1] < 0x80 {
+		nameEnd := 2 + int(label[1])
+		if nameEnd+2 <= len(label) && label[nameEnd] == 0x12 && nameEnd+2+int(label[nameEnd+1]) == len(label) && label[nameEnd+1] < 0x80 {
+			return span{offset + 2, offset + int32(nameEnd)}, span{offset + int32(nameEnd) + 2, offset + int32(len(label))}, nil
+		}
+	}
 	b := label
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return name, value, malformed{"Label: " + protowire.ParseError(n).Error()}
 		}
 		b = b[n:]
 		if (num == 1 || num == 2) && typ == protowire.BytesType {
-			v, n := protowire.ConsumeBytes(b)
+			v, n := consumeBytes(b)
 			if n < 0 {
 				return name, value, malformed{"Label: " + protowire.ParseError(n).Error()}
 			}
@@ -271,12 +282,11 @@ func parseLabel(label []byte, offset int32) (name, value span, err error) {
 	return name, value, nil
 }
 
-// eachSample calls fn with each Sample of a TimeSeries message, in the order sent (value 0 and timestamp 0 where
-// the sender left them out, as protobuf's defaults).
-func eachSample(message []byte, fn func(value float64, timestamp int64)) error {
-	b := message
+// eachSample calls fn with each Sample of b (a TimeSeries' fields, decoded once already: series.samples), in the
+// order sent.
+func eachSample(b []byte, fn func(value float64, timestamp int64)) error {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return malformed{"TimeSeries: " + protowire.ParseError(n).Error()}
 		}
@@ -288,42 +298,66 @@ func eachSample(message []byte, fn func(value float64, timestamp int64)) error {
 			b = b[n:]
 			continue
 		}
-		sample, n := protowire.ConsumeBytes(b)
+		sample, n := consumeBytes(b)
 		if n < 0 {
 			return malformed{"TimeSeries.samples: " + protowire.ParseError(n).Error()}
 		}
 		b = b[n:]
-		var value float64
-		var timestamp int64
-		for len(sample) > 0 {
-			num, typ, n := protowire.ConsumeTag(sample)
-			if n < 0 {
-				return malformed{"Sample: " + protowire.ParseError(n).Error()}
-			}
-			sample = sample[n:]
-			switch {
-			case num == 1 && typ == protowire.Fixed64Type:
-				bits, n := protowire.ConsumeFixed64(sample)
-				if n < 0 {
-					return malformed{"Sample.value: " + protowire.ParseError(n).Error()}
-				}
-				value, sample = math.Float64frombits(bits), sample[n:]
-			case num == 2 && typ == protowire.VarintType:
-				v, n := protowire.ConsumeVarint(sample)
-				if n < 0 {
-					return malformed{"Sample.timestamp: " + protowire.ParseError(n).Error()}
-				}
-				timestamp, sample = int64(v), sample[n:]
-			case num == 1 || num == 2:
-				return malformed{fmt.Sprintf("Sample field %d has wire type %d", num, typ)}
-			default:
-				if n = protowire.ConsumeFieldValue(num, typ, sample); n < 0 {
-					return malformed{"Sample: " + protowire.ParseError(n).Error()}
-				}
-				sample = sample[n:]
-			}
+		value, timestamp, err := parseSample(sample)
+		if err != nil {
+			return err
 		}
 		fn(value, timestamp)
 	}
 	return nil
+}
+
+// parseSample is a Sample's value and timestamp (0 where the sender left them out, as protobuf's defaults).
+func parseSample(sample []byte) (value float64, timestamp int64, err error) {
+	for len(sample) > 0 {
+		num, typ, n := consumeTag(sample)
+		if n < 0 {
+			return 0, 0, malformed{"Sample: " + protowire.ParseError(n).Error()}
+		}
+		sample = sample[n:]
+		switch {
+		case num == 1 && typ == protowire.Fixed64Type:
+			bits, n := protowire.ConsumeFixed64(sample)
+			if n < 0 {
+				return 0, 0, malformed{"Sample.value: " + protowire.ParseError(n).Error()}
+			}
+			value, sample = math.Float64frombits(bits), sample[n:]
+		case num == 2 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(sample)
+			if n < 0 {
+				return 0, 0, malformed{"Sample.timestamp: " + protowire.ParseError(n).Error()}
+			}
+			timestamp, sample = int64(v), sample[n:]
+		case num == 1 || num == 2:
+			return 0, 0, malformed{fmt.Sprintf("Sample field %d has wire type %d", num, typ)}
+		default:
+			if n = protowire.ConsumeFieldValue(num, typ, sample); n < 0 {
+				return 0, 0, malformed{"Sample: " + protowire.ParseError(n).Error()}
+			}
+			sample = sample[n:]
+		}
+	}
+	return value, timestamp, nil
+}
+
+// consumeTag is protowire.ConsumeTag, a one-byte tag (every field here) decoded inline.
+func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
+	if len(b) > 0 && b[0] < 0x80 && b[0] >= 8 {
+		return protowire.Number(b[0] >> 3), protowire.Type(b[0] & 7), 1
+	}
+	return protowire.ConsumeTag(b)
+}
+
+// consumeBytes is protowire.ConsumeBytes, a length under 128 (labels, samples) decoded inline.
+func consumeBytes(b []byte) ([]byte, int) {
+	if len(b) > 0 && b[0] < 0x80 && int(b[0]) < len(b) {
+		n := int(b[0])
+		return b[1 : 1+n : 1+n], 1 + n
+	}
+	return protowire.ConsumeBytes(b)
 }

@@ -384,7 +384,7 @@ func FuzzDecode(f *testing.F) {
 					t.Fatalf("span %v outside %d bytes", v, len(data))
 				}
 			}
-			if err := eachSample(data[s.message.start:s.message.end], func(float64, int64) {}); err != nil {
+			if err := eachSample(data[s.samples.start:s.samples.end], func(float64, int64) {}); err != nil {
 				t.Fatalf("a kept series' samples do not decode: %v", err)
 			}
 		}

@@ -89,7 +89,7 @@ func (st *Store) apply(d *decoded) applied {
 		if node != nil {
 			held = node.series[string(key)]
 		}
-		_ = eachSample(d.body[s.message.start:s.message.end], func(value float64, timestamp int64) {
+		_ = eachSample(d.body[s.samples.start:s.samples.end], func(value float64, timestamp int64) {
 			if held != nil && timestamp < held.timestamp {
 				result.outOfOrder++
 				return
