@@ -3,8 +3,17 @@ package remotewrite
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -391,4 +400,80 @@ func FuzzDecode(f *testing.F) {
 		store := NewStore(nodeLabels, "", "", 5)
 		store.apply(&d)
 	})
+}
+
+// Serve over https with the PEM pair: a sender trusting the certificate writes; plain http there gets no 204; the
+// server stops with its ctx.
+func TestServeOverTLSAndStopWithTheContext(t *testing.T) {
+	dir := t.TempDir()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	template := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "receiver"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, template, template, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, tokenFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "token")
+	for file, text := range map[string][]byte{
+		certFile:  pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		keyFile:   pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		tokenFile: []byte(testToken),
+	} {
+		if err := os.WriteFile(file, text, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store := NewStore(nodeLabels, "", "", 5)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	address, err := NewReceiver(store, tokenFile).Serve(ctx, "127.0.0.1:0", certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	post := func(client *http.Client, scheme string) (int, error) {
+		request, _ := http.NewRequest(http.MethodPost, scheme+"://"+address.String()+Path,
+			bytes.NewReader(body(deviceSeries("node-a", 0, 1, 0.5, 5000, 15000, t0))))
+		request.Header.Set("Authorization", "Bearer "+testToken)
+		request.Header.Set("Content-Type", "application/x-protobuf")
+		request.Header.Set("Content-Encoding", "snappy")
+		response, err := client.Do(request)
+		if err != nil {
+			return 0, err
+		}
+		response.Body.Close()
+		return response.StatusCode, nil
+	}
+	if status, err := post(client, "https"); err != nil || status != http.StatusNoContent {
+		t.Fatalf("over https: %d, %v", status, err)
+	}
+	if status, err := post(http.DefaultClient, "http"); err == nil && status == http.StatusNoContent {
+		t.Error("plain http was taken by the https receiver")
+	}
+	if _, err := NewReceiver(store, tokenFile).Serve(ctx, "127.0.0.1:0", certFile, filepath.Join(dir, "missing.key")); err == nil {
+		t.Error("a receiver started without its key")
+	}
+	cancel()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := post(&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, "https"); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the receiver still answers 5 s after its ctx ended")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -127,6 +127,7 @@ type Figures struct {
 	ReceiveCPU       float64 // the handler: snappy, decoding, the Store
 	FetchCPU         float64 // the Refresher's reads: fetchesPerInterval Fetch + Rank
 	Fetches          int
+	FetchWallMax     time.Duration // the longest Fetch + Rank: what a sample waits beyond the Refresher's tick
 	PullCPU          float64 // the pull form: one refresh's JSON decode and fold of the same fleet's answer
 	PullAnswerBytes  int
 	IntervalSeconds  float64
@@ -146,9 +147,10 @@ func (f Figures) CorePercent() float64 {
 func (f Figures) String() string {
 	return fmt.Sprintf("%d nodes x %d GPUs x %d instances: %d samples/interval in %d requests (%.1f MB snappy)\n"+
 		"  push: receive %.3f s CPU + %d Fetch+Rank %.3f s CPU per %gs interval = %.2f %% of one core, %.0f ns/sample\n"+
+		"  a sample arrived is in the published snapshot after the Refresher's next tick (1 s at most) + at most %v of Fetch+Rank\n"+
 		"  pull: one refresh's decode+fold of the %.1f MB JSON answer %.3f s CPU (%.2f %% of one core per refresh every %gs)",
 		f.Fleet.Nodes, f.Fleet.GPUs, f.Fleet.Instances, f.Series, f.Requests, float64(f.BodyBytes)/1e6,
-		f.ReceiveCPU, f.Fetches, f.FetchCPU, f.IntervalSeconds, f.CorePercent(), f.PerSampleNs(),
+		f.ReceiveCPU, f.Fetches, f.FetchCPU, f.IntervalSeconds, f.CorePercent(), f.PerSampleNs(), f.FetchWallMax.Round(time.Millisecond),
 		float64(f.PullAnswerBytes)/1e6, f.PullCPU, f.PullCPU/f.IntervalSeconds*100, f.IntervalSeconds)
 }
 
@@ -231,11 +233,12 @@ func Measure(fleet Fleet, perSend, fetches int, interval time.Duration) (Figures
 		if err := send(part); err != nil {
 			return figures, err
 		}
-		middle := cpuSeconds()
+		middle, began := cpuSeconds(), time.Now()
 		if err := fetch(); err != nil {
 			return figures, err
 		}
 		after := cpuSeconds()
+		figures.FetchWallMax = max(figures.FetchWallMax, time.Since(began))
 		figures.ReceiveCPU += middle - before
 		figures.FetchCPU += after - middle
 	}
