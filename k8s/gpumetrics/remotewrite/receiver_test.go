@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -475,5 +477,53 @@ func TestServeOverTLSAndStopWithTheContext(t *testing.T) {
 			t.Fatal("the receiver still answers 5 s after its ctx ended")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A body sent without a length (chunked) is bounded as it is read: past the largest snappy block it is refused.
+func TestAChunkedBodyIsBoundedAsItIsRead(t *testing.T) {
+	h := newHarness(t)
+	h.post(body(deviceSeries("node-a", 0, 1, 0.5, 5000, 15000, t0)), nil)
+	before := h.snapshot()
+	count := refusedCount(t, reasonTooLarge)
+	request, err := http.NewRequest(http.MethodPost, h.url, io.MultiReader(bytes.NewReader(make([]byte, maxBodyBytes)), strings.NewReader("x")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	request.Header.Set("Authorization", "Bearer "+testToken)
+	request.Header.Set("Content-Type", "application/x-protobuf")
+	request.Header.Set("Content-Encoding", "snappy")
+	response, err := http.DefaultClient.Do(request)
+	if err == nil {
+		response.Body.Close()
+		if response.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Errorf("status %d, want 413", response.StatusCode)
+		}
+	} // the server may close the connection before the client finishes sending: the counter says it refused
+	if request.ContentLength != 0 {
+		t.Fatalf("the request has a length (%d): it tests the header check, not the reading", request.ContentLength)
+	}
+	if refusedCount(t, reasonTooLarge)-count != 1 {
+		t.Error("the oversized chunked body is not counted as too_large")
+	}
+	if after := h.snapshot(); !reflect.DeepEqual(before, after) {
+		t.Error("the snapshot changed")
+	}
+}
+
+// Refusals are logged once per reason every logEvery; the lines left out are counted into the next one.
+func TestRefusalLogsAreRateLimitedPerReason(t *testing.T) {
+	var logs limitedLog
+	for range 3 {
+		logs.warn("snappy", "a bad block")
+	}
+	logs.warn("protobuf", "a bad message")
+	if logs.skipped["snappy"] != 2 || logs.skipped["protobuf"] != 0 {
+		t.Errorf("left out %v, want snappy 2 and protobuf 0", logs.skipped)
+	}
+	logs.last["snappy"] = time.Now().Add(-logEvery)
+	logs.warn("snappy", "a bad block")
+	if logs.skipped["snappy"] != 0 {
+		t.Errorf("after logEvery the line is not written: %v left out", logs.skipped["snappy"])
 	}
 }

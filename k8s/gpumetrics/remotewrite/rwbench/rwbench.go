@@ -128,7 +128,7 @@ type Figures struct {
 	FetchCPU         float64 // the Refresher's reads: fetchesPerInterval Fetch + Rank
 	Fetches          int
 	FetchWallMax     time.Duration // the longest Fetch + Rank: what a sample waits beyond the Refresher's tick
-	PullCPU          float64 // the pull form: one refresh's JSON decode and fold of the same fleet's answer
+	PullCPU          float64       // the pull form: one refresh's JSON decode and fold of the same fleet's answer
 	PullAnswerBytes  int
 	IntervalSeconds  float64
 	MeasuredInterval int
