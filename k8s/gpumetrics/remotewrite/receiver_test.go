@@ -527,3 +527,27 @@ func TestRefusalLogsAreRateLimitedPerReason(t *testing.T) {
 		t.Errorf("after logEvery the line is not written: %v left out", logs.skipped["snappy"])
 	}
 }
+
+// A panic in the handler is answered 500, counted and logged; the server goes on.
+func TestAPanicIsRecoveredAndCounted(t *testing.T) {
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte(testToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	broken := NewReceiver(nil, token) // no Store: the first write past the checks dereferences nil
+	count := refusedCount(t, reasonPanic)
+	for range 2 {
+		request := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body(deviceSeries("node-a", 0, 1, 0.5, 5000, 15000, t0))))
+		request.Header.Set("Authorization", "Bearer "+testToken)
+		request.Header.Set("Content-Type", "application/x-protobuf")
+		request.Header.Set("Content-Encoding", "snappy")
+		recorder := httptest.NewRecorder()
+		broken.ServeHTTP(recorder, request)
+		if recorder.Code != http.StatusInternalServerError {
+			t.Errorf("status %d, want 500", recorder.Code)
+		}
+	}
+	if got := refusedCount(t, reasonPanic) - count; got != 2 {
+		t.Errorf("refused_total{reason=panic} moved by %g, want 2", got)
+	}
+}
