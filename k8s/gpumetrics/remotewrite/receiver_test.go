@@ -149,6 +149,9 @@ func TestAValidWriteLandsInTheSnapshotAsThePullFormWouldFoldIt(t *testing.T) {
 		deviceSeries("node-a", 0, 2, 0.75, 10000, 10000, t0+1000),
 		deviceSeries("node-b", 3, 1, 0.5, 0, 20000, t0+2000),
 	}
+	for i := range write[1] { // a tenant's pod on instance 2: the exporter's pod mapping, renamed by the scrape
+		write[1][i].Labels = append(write[1][i].Labels, Label{"exported_pod", "job-1"}, Label{"exported_namespace", "tenant-a"})
+	}
 	if status := h.post(body(write...), nil); status != http.StatusNoContent {
 		t.Fatalf("status %d, want 204", status)
 	}

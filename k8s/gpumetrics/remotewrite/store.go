@@ -125,10 +125,20 @@ func (st *Store) apply(d *decoded) applied {
 	return result
 }
 
-// labels is a kept series' labels as gpuscore.Sample carries them (the ones a decision reads; made once per series).
+// labels is a kept series' labels as gpuscore.Sample carries them, made once per series: those the fold reads
+// (gpuscore.DecisionLabels and the node's), less the ones it cannot read, so that the map stays small enough for Go's
+// small-map lookups: __name__ (Sample.Name has it), job (the filter read it), and pod and namespace when the series
+// has exported_pod (the fold then takes exported_pod and exported_namespace).
 func (d *decoded) labels(s *series, f *filter) map[string]string {
-	labels := map[string]string{}
+	labels := make(map[string]string, 8)
+	exported := len(d.value(s, labelExportedPod)) > 0
 	for i, name := range fixedLabels {
+		switch {
+		case i == labelName || i == labelJob:
+			continue
+		case exported && (i == labelPod || i == labelNamespace):
+			continue
+		}
 		if v := d.value(s, i); len(v) > 0 {
 			labels[name] = string(v)
 		}
