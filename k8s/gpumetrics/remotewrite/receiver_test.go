@@ -22,6 +22,8 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -552,5 +554,69 @@ func TestAPanicIsRecoveredAndCounted(t *testing.T) {
 	}
 	if got := refusedCount(t, reasonPanic) - count; got != 2 {
 		t.Errorf("refused_total{reason=panic} moved by %g, want 2", got)
+	}
+}
+
+// Writes, reads (Fetch, then Rank as the Refresher does) and decisions on the published snapshots at once: a node
+// carried over keeps its ranking and memo, which decisions on the previous snapshot read meanwhile (run with -race).
+func TestWritesReadsAndDecisionsAtOnce(t *testing.T) {
+	h := newHarness(t)
+	args := gpuscore.DefaultArgs()
+	policy := args.Policy()
+	var published atomic.Pointer[gpuscore.Snapshot]
+	published.Store(&gpuscore.Snapshot{Nodes: map[string]*gpuscore.NodeMetrics{}})
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { // Prometheus: node-a every round, node-b every fourth
+		defer wg.Done()
+		for i := range 40 {
+			ms := t0 + int64(i)*1000
+			write := [][]TimeSeries{deviceSeries("node-a", 0, 1, float64(i%10)/10, 5000, 15000, ms)}
+			if i%4 == 0 {
+				write = append(write, deviceSeries("node-b", 0, 1, 0.5, 5000, 15000, ms))
+			}
+			h.post(body(write...), nil)
+		}
+		close(done)
+	}()
+	go func() { // decisions
+		defer wg.Done()
+		request := []gpuscore.ResourceRequest{{Resource: "nvidia.com/mig-2g.20gb", Count: 1}}
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			snapshot := published.Load()
+			for _, name := range snapshot.Order {
+				gpuscore.Evaluate(name, snapshot.Nodes[name], request, &policy, h.now, nil, nil, false)
+			}
+		}
+	}()
+	for version := uint64(1); ; version++ {
+		snapshot, err := h.source.Fetch(context.Background(), version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if snapshot != nil {
+			snapshot.Rank(&policy)
+			published.Store(snapshot)
+		}
+		select {
+		case <-done:
+			wg.Wait()
+			final, _ := h.source.Fetch(context.Background(), version+1)
+			if final != nil {
+				published.Store(final)
+			}
+			if nodes := published.Load().Order; len(nodes) != 2 {
+				t.Errorf("nodes %v after the writes", nodes)
+			}
+			return
+		default:
+			time.Sleep(time.Millisecond)
+		}
 	}
 }
