@@ -84,8 +84,12 @@ func nodeNameOf(labels map[string]string, nodeLabels []string) string {
 // buildSnapshot folds samples into a Snapshot. Every sample is dated defaultTime (a Prometheus instant query's
 // values carry the evaluation time, not the scrape's); nodeSampleTimes overrides it per node.
 func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, nodeSampleTimes map[string]float64, version uint64) *Snapshot {
-	devices := map[deviceKey]*deviceAcc{}
-	var order []deviceKey // insertion order: Python's dicts keep it, and node order follows from it
+	// Sized for dcgm-exporter's 3-4 series per device, the accumulators made in slabs: a fold allocates per
+	// snapshot, not per device (the push form folds a node every time its samples arrive).
+	hint := len(samples)/3 + 1
+	devices := make(map[deviceKey]*deviceAcc, hint)
+	order := make([]deviceKey, 0, hint) // insertion order: Python's dicts keep it, and node order follows from it
+	slab := make([]deviceAcc, 0, hint)
 	sampleTimes := map[string]float64{}
 	for _, s := range samples {
 		switch s.Name {
@@ -112,7 +116,11 @@ func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 		key := deviceKey{node, gpu, instance}
 		acc := devices[key]
 		if acc == nil {
-			acc = &deviceAcc{gpu: gpu, profile: profile}
+			if len(slab) == cap(slab) {
+				slab = make([]deviceAcc, 0, hint)
+			}
+			slab = append(slab, deviceAcc{gpu: gpu, profile: profile})
+			acc = &slab[len(slab)-1]
 			devices[key] = acc
 			order = append(order, key)
 		}

@@ -120,18 +120,20 @@ func (f Fleet) Requests(ms int64, interval, perSend int) [][]byte {
 
 // Figures are one measurement: CPU seconds of the process per scrape interval.
 type Figures struct {
-	Fleet            Fleet
-	Series           int     // series (samples) per interval
-	Requests         int     // requests per interval
-	BodyBytes        int     // compressed bytes per interval
-	ReceiveCPU       float64 // the handler: snappy, decoding, the Store
-	FetchCPU         float64 // the Refresher's reads: fetchesPerInterval Fetch + Rank
-	Fetches          int
-	FetchWallMax     time.Duration // the longest Fetch + Rank: what a sample waits beyond the Refresher's tick
-	PullCPU          float64       // the pull form: one refresh's JSON decode and fold of the same fleet's answer
-	PullAnswerBytes  int
-	IntervalSeconds  float64
-	MeasuredInterval int
+	Fleet           Fleet
+	Series          int     // series (samples) per interval
+	Requests        int     // requests per interval
+	BodyBytes       int     // compressed bytes per interval
+	ReceiveCPU      float64 // the handler: snappy, decoding, the Store
+	FetchCPU        float64 // the Refresher's reads: fetchesPerInterval Fetch + Rank
+	Fetches         int
+	FetchWallMax    time.Duration // the longest Fetch + Rank: what a sample waits beyond the Refresher's tick
+	PullCPU         float64       // the pull form: one refresh's JSON decode and fold of the same fleet's answer
+	PullAnswerBytes int
+	IntervalSeconds float64
+	Intervals       int     // intervals measured (the figures above are per interval, averaged)
+	GCs             int     // garbage collections during them, all told
+	AllocBytes      float64 // bytes allocated per interval
 }
 
 // PerSampleNs is the receiver's CPU per sample, Fetch included.
@@ -147,10 +149,12 @@ func (f Figures) CorePercent() float64 {
 func (f Figures) String() string {
 	return fmt.Sprintf("%d nodes x %d GPUs x %d instances: %d samples/interval in %d requests (%.1f MB snappy)\n"+
 		"  push: receive %.3f s CPU + %d Fetch+Rank %.3f s CPU per %gs interval = %.2f %% of one core, %.0f ns/sample\n"+
+		"  averaged over %d intervals (%d garbage collections in them, %.0f MB allocated per interval)\n"+
 		"  a sample arrived is in the published snapshot after the Refresher's next tick (1 s at most) + at most %v of Fetch+Rank\n"+
 		"  pull: one refresh's decode+fold of the %.1f MB JSON answer %.3f s CPU (%.2f %% of one core per refresh every %gs)",
 		f.Fleet.Nodes, f.Fleet.GPUs, f.Fleet.Instances, f.Series, f.Requests, float64(f.BodyBytes)/1e6,
-		f.ReceiveCPU, f.Fetches, f.FetchCPU, f.IntervalSeconds, f.CorePercent(), f.PerSampleNs(), f.FetchWallMax.Round(time.Millisecond),
+		f.ReceiveCPU, f.Fetches, f.FetchCPU, f.IntervalSeconds, f.CorePercent(), f.PerSampleNs(),
+		f.Intervals, f.GCs, f.AllocBytes/1e6, f.FetchWallMax.Round(time.Millisecond),
 		float64(f.PullAnswerBytes)/1e6, f.PullCPU, f.PullCPU/f.IntervalSeconds*100, f.IntervalSeconds)
 }
 
@@ -163,11 +167,13 @@ func cpuSeconds() float64 {
 	return float64(usage.Utime.Nano()+usage.Stime.Nano()) / 1e9
 }
 
-// Measure sends warm intervals of the fleet to a receiver through its handler (no network: the sender's and the
-// HTTP server's costs are not the receiver's), then one more measured, split into fetches slices with a Fetch and a
-// Rank after each (the Refresher reading every second of a 15 s interval), and measures the pull form's refresh.
-func Measure(fleet Fleet, perSend, fetches int, interval time.Duration) (Figures, error) {
-	figures := Figures{Fleet: fleet, Series: fleet.SeriesPerInterval(), Fetches: fetches, IntervalSeconds: interval.Seconds()}
+// Measure sends a warm interval of the fleet to a receiver through its handler (no network: the sender's and the
+// HTTP server's costs are not the receiver's), then intervals more, measured, each split into fetches slices with a
+// Fetch and a Rank after each (the Refresher reading every second of a 15 s interval), and measures the pull form's
+// refresh. The measured intervals send the same requests (the Store takes a sample as new as the one it holds): the
+// garbage collector's share is what their allocations cost, so more intervals give it more fairly.
+func Measure(fleet Fleet, perSend, fetches, intervals int, interval time.Duration) (Figures, error) {
+	figures := Figures{Fleet: fleet, Series: fleet.SeriesPerInterval(), Fetches: fetches, IntervalSeconds: interval.Seconds(), Intervals: intervals}
 	dir, err := os.MkdirTemp("", "rwbench")
 	if err != nil {
 		return figures, err
@@ -227,22 +233,30 @@ func Measure(fleet Fleet, perSend, fetches int, interval time.Duration) (Figures
 		figures.BodyBytes += len(body)
 	}
 	runtime.GC()
-	for slice := range fetches {
-		part := measured[len(measured)*slice/fetches : len(measured)*(slice+1)/fetches]
-		before := cpuSeconds()
-		if err := send(part); err != nil {
-			return figures, err
+	var memBefore, memAfter runtime.MemStats
+	runtime.ReadMemStats(&memBefore)
+	for range intervals {
+		for slice := range fetches {
+			part := measured[len(measured)*slice/fetches : len(measured)*(slice+1)/fetches]
+			before := cpuSeconds()
+			if err := send(part); err != nil {
+				return figures, err
+			}
+			middle, began := cpuSeconds(), time.Now()
+			if err := fetch(); err != nil {
+				return figures, err
+			}
+			after := cpuSeconds()
+			figures.FetchWallMax = max(figures.FetchWallMax, time.Since(began))
+			figures.ReceiveCPU += middle - before
+			figures.FetchCPU += after - middle
 		}
-		middle, began := cpuSeconds(), time.Now()
-		if err := fetch(); err != nil {
-			return figures, err
-		}
-		after := cpuSeconds()
-		figures.FetchWallMax = max(figures.FetchWallMax, time.Since(began))
-		figures.ReceiveCPU += middle - before
-		figures.FetchCPU += after - middle
 	}
-	figures.MeasuredInterval = warm
+	runtime.ReadMemStats(&memAfter)
+	figures.ReceiveCPU /= float64(intervals)
+	figures.FetchCPU /= float64(intervals)
+	figures.GCs = int(memAfter.NumGC - memBefore.NumGC)
+	figures.AllocBytes = float64(memAfter.TotalAlloc-memBefore.TotalAlloc) / float64(intervals)
 	if last == nil || len(last.Nodes) != fleet.Nodes {
 		return figures, fmt.Errorf("the pushed snapshot lacks nodes of the %d sent", fleet.Nodes)
 	}

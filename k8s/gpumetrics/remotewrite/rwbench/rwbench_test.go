@@ -2,22 +2,27 @@ package rwbench
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gpufleet/mig/k8s/gpumetrics/remotewrite"
+	"github.com/gpufleet/mig/k8s/gpuscore"
 )
 
 // A small fleet through the whole measurement: every node and device sent is in the pushed snapshot, the pull
 // form folds the same fleet, and the figures are filled.
 func TestMeasureASmallFleet(t *testing.T) {
-	figures, err := Measure(DefaultFleet(20), 2000, 15, 15*time.Second)
+	figures, err := Measure(DefaultFleet(20), 2000, 15, 2, 15*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +32,8 @@ func TestMeasureASmallFleet(t *testing.T) {
 	t.Log(figures)
 }
 
-// The receiver's figures at the fleet sizes GPUFLEET_RW_FIGURES names (e.g. 1000,5000), printed:
+// The receiver's figures at the fleet sizes GPUFLEET_RW_FIGURES names (e.g. 1000,5000), averaged over
+// GPUFLEET_RW_INTERVALS intervals (8), printed:
 //
 //	GPUFLEET_RW_FIGURES=1000,5000 go test ./gpumetrics/remotewrite/rwbench -run PrintReceiverFigures -v -timeout 30m
 func TestPrintReceiverFigures(t *testing.T) {
@@ -35,16 +41,19 @@ func TestPrintReceiverFigures(t *testing.T) {
 	if sizes == "" {
 		t.Skip("GPUFLEET_RW_FIGURES unset (e.g. 1000,5000)")
 	}
-	perSend := 2000
+	perSend, intervals := 2000, 8
 	if v, err := strconv.Atoi(os.Getenv("GPUFLEET_RW_PER_SEND")); err == nil {
 		perSend = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("GPUFLEET_RW_INTERVALS")); err == nil && v > 0 {
+		intervals = v
 	}
 	for _, size := range strings.Split(sizes, ",") {
 		nodes, err := strconv.Atoi(strings.TrimSpace(size))
 		if err != nil {
 			t.Fatalf("GPUFLEET_RW_FIGURES: %q is no node count", size)
 		}
-		figures, err := Measure(DefaultFleet(nodes), perSend, 15, 15*time.Second)
+		figures, err := Measure(DefaultFleet(nodes), perSend, 15, intervals, 15*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,4 +90,81 @@ func BenchmarkReceiveSamples(b *testing.B) {
 		send()
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(fleet.SeriesPerInterval()), "ns/sample")
+}
+
+// The receiver over the network at the real pace: gpufleet-rw-sender (another process) sends GPUFLEET_RW_NETWORK nodes'
+// intervals to a receiver served here, read every second with Rank as the Refresher does; this process' CPU (the
+// HTTP server and TLS-less net/http included) over two intervals after a warm one, printed:
+//
+//	GPUFLEET_RW_NETWORK=5000 go test ./gpumetrics/remotewrite/rwbench -run PrintNetworkFigures -v -timeout 10m
+func TestPrintNetworkFigures(t *testing.T) {
+	nodes, err := strconv.Atoi(os.Getenv("GPUFLEET_RW_NETWORK"))
+	if err != nil {
+		t.Skip("GPUFLEET_RW_NETWORK unset (a node count, e.g. 5000)")
+	}
+	const interval = 15 * time.Second
+	dir := t.TempDir()
+	sender := filepath.Join(dir, "gpufleet-rw-sender")
+	if out, err := exec.Command("go", "build", "-o", sender, "../../../cmd/gpufleet-rw-sender").CombinedOutput(); err != nil {
+		t.Fatalf("building the sender: %v\n%s", err, out)
+	}
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte("bench-token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fleet := DefaultFleet(nodes)
+	store := remotewrite.NewStore([]string{"Hostname", "hostname"}, fleet.Job, fleet.Namespace, 5)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	address, err := remotewrite.NewReceiver(store, token).Serve(ctx, "127.0.0.1:0", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	source := store.NewSource()
+	args := gpuscore.DefaultArgs()
+	policy := args.Policy()
+	var nodesSeen atomic.Int64
+	var longest atomic.Int64
+	go func() { // the Refresher's reads
+		ticker := time.NewTicker(time.Second)
+		defer ticker.Stop()
+		for version := uint64(1); ; version++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+			began := time.Now()
+			if snapshot, _ := source.Fetch(ctx, version); snapshot != nil {
+				snapshot.Rank(&policy)
+				nodesSeen.Store(int64(len(snapshot.Nodes)))
+			}
+			if took := int64(time.Since(began)); took > longest.Load() {
+				longest.Store(took)
+			}
+		}
+	}()
+	command := exec.CommandContext(ctx, sender, "-url", "http://"+address.String()+remotewrite.Path, "-token-file", token,
+		"-nodes", strconv.Itoa(nodes), "-interval", interval.String(), "-intervals", "3", "-max-samples-per-send", "2000")
+	output := &bytes.Buffer{}
+	command.Stdout, command.Stderr = output, output
+	start := time.Now()
+	if err := command.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(start.Add(interval)))
+	runtime.GC() // the warm interval made every series: its garbage is not the steady state's
+	longest.Store(0)
+	cpuBefore, wallBefore := cpuSeconds(), time.Now()
+	if err := command.Wait(); err != nil {
+		t.Fatalf("the sender: %v\n%s", err, output)
+	}
+	time.Sleep(time.Second) // the last read
+	cpu, wall := cpuSeconds()-cpuBefore, time.Since(wallBefore)
+	t.Logf("sender:\n%s", output)
+	t.Logf("%d nodes over the network: %.3f s CPU in %.1f s (two intervals and a read) = %.2f %% of one core; %d nodes in the last snapshot; longest read %v",
+		nodes, cpu, wall.Seconds(), cpu/wall.Seconds()*100, nodesSeen.Load(), time.Duration(longest.Load()).Round(time.Millisecond))
+	if nodesSeen.Load() != int64(nodes) {
+		t.Errorf("%d nodes in the snapshot, %d sent", nodesSeen.Load(), nodes)
+	}
 }
