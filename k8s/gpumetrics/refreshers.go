@@ -1,17 +1,20 @@
 package gpumetrics
 
 // The Refreshers of the process: GPUScore and GPUClaimScore, each built by the scheduler framework from its own
-// args, share one Refresher when their args are the same, so that Prometheus is polled once. This registry is the
-// package's one piece of process-wide state, kept here beside the Refresher and out of the plugins.
+// args, share one Refresher when their args are the same, so that Prometheus is polled once; with metricsSource push
+// they share one remote-write receiver. These two registries are the package's process-wide state, kept here beside
+// the Refresher and out of the plugins.
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/gpufleet/mig/k8s/gpumetrics/remotewrite"
 	"github.com/gpufleet/mig/k8s/gpuscore"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -36,7 +39,7 @@ func sharedRefresher(ctx context.Context, args gpuscore.Args, source Source) *Re
 	if r, ok := refreshers[string(key)]; ok && key != nil {
 		return r
 	}
-	r := NewRefresher(source, Seconds(args.MetricsRefreshSeconds), args.Policy())
+	r := NewRefresher(source, refreshEvery(args), args.Policy())
 	r.RefreshOnce(ctx) // one poll before the first pod, as the extender does before serving
 	go r.Run(ctx)
 	if key != nil {
@@ -62,14 +65,91 @@ func prometheusSourceFor(args gpuscore.Args) (*PrometheusSource, error) {
 	return source, nil
 }
 
+// pushRefreshEvery is how often a Refresher reads the push form's Store at most: a Fetch there costs only the nodes
+// that received samples since the last one (and nothing when none did), so a pushed sample reaches decisions within
+// about a second of its arrival whatever metricsRefreshSeconds says.
+const pushRefreshEvery = time.Second
+
+// refreshEvery is how often the Refresher for args reads its source.
+func refreshEvery(args gpuscore.Args) time.Duration {
+	every := Seconds(args.MetricsRefreshSeconds)
+	if args.MetricsSource == gpuscore.SourcePush {
+		every = min(every, pushRefreshEvery)
+	}
+	return every
+}
+
+// The remote-write receivers of the process, by remoteWriteAddress: one HTTP server per address, whichever plugins
+// read it (GPUScore and GPUClaimScore), each Refresher with its own Source of the one Store.
+var (
+	receiversMu sync.Mutex
+	receivers   = map[string]*pushReceiver{}
+)
+
+type pushReceiver struct {
+	store    *remotewrite.Store
+	settings string // what the Store and the server were made with: another plugin must ask for the same
+	address  net.Addr
+	done     <-chan struct{}
+}
+
+// pushSourceFor is a Source of the receiver args describe, which is started (listening, its TLS pair read) by the
+// first plugin that asks for it and stopped when that plugin's ctx ends.
+func pushSourceFor(ctx context.Context, args gpuscore.Args) (Source, error) {
+	settings, _ := json.Marshal([]any{args.RemoteWriteTokenFile, args.RemoteWriteCertFile, args.RemoteWriteKeyFile,
+		args.NodeNameLabels, args.ExporterJob, args.ExporterNamespace, args.MetricsMaxClockSkewSeconds})
+	receiversMu.Lock()
+	defer receiversMu.Unlock()
+	if running, ok := receivers[args.RemoteWriteAddress]; ok && running.done != nil && !isDone(running.done) {
+		if running.settings != string(settings) {
+			return nil, fmt.Errorf("remoteWriteAddress %s: another plugin of this scheduler receives there with other "+
+				"remoteWriteTokenFile, remoteWriteCertFile, remoteWriteKeyFile, nodeNameLabels, exporterJob, exporterNamespace "+
+				"or metricsMaxClockSkewSeconds: the plugins that read pushed metrics must agree on them", args.RemoteWriteAddress)
+		}
+		return running.store.NewSource(), nil
+	}
+	store := remotewrite.NewStore(args.NodeNameLabels, args.ExporterJob, args.ExporterNamespace, args.MetricsMaxClockSkewSeconds)
+	address, err := remotewrite.NewReceiver(store, args.RemoteWriteTokenFile).Serve(ctx, args.RemoteWriteAddress,
+		args.RemoteWriteCertFile, args.RemoteWriteKeyFile)
+	if err != nil {
+		return nil, err
+	}
+	receivers[args.RemoteWriteAddress] = &pushReceiver{store: store, settings: string(settings), address: address, done: ctx.Done()}
+	return store.NewSource(), nil
+}
+
+func isDone(done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
 // StartMetrics parses a plugin's args (GPUScore's, for both plugins: GPUScore and GPUClaimScore) and returns them
 // with the Refresher they share. The CA file is read here, at start, and its problem listed with the others: a
-// scheduler that would query Prometheus unpinned, or not at all, does not start.
+// scheduler that would query Prometheus unpinned, or not at all, does not start. With metricsSource push, the
+// remote-write receiver starts here (once per address in the process) and its problems (the address taken, the TLS
+// pair unreadable) are the args' too.
 func StartMetrics(ctx context.Context, obj runtime.Object, plugin string) (gpuscore.Args, *Refresher, error) {
 	args, problems := gpuscore.ParseArgs(obj)
-	source, err := prometheusSourceFor(args)
-	if err != nil {
-		problems = append(problems, err.Error())
+	var source Source
+	if args.MetricsSource == gpuscore.SourcePush {
+		// The receiver listens only for args without problems: a scheduler that will not start opens no port.
+		if len(problems) == 0 {
+			pushed, err := pushSourceFor(ctx, args)
+			if err != nil {
+				problems = append(problems, err.Error())
+			}
+			source = pushed
+		}
+	} else {
+		pulled, err := prometheusSourceFor(args)
+		if err != nil {
+			problems = append(problems, err.Error())
+		}
+		source = pulled
 	}
 	if len(problems) > 0 {
 		return args, nil, fmt.Errorf("invalid %s args: %s", plugin, strings.Join(problems, "; "))

@@ -26,5 +26,7 @@ func DefaultArgs() Args {
 		InterferenceWeight:         0,
 		SharedMemFreeMin:           0,
 		PrometheusQuery:            QueryRaw,
+		MetricsSource:              SourcePrometheus,
+		RemoteWriteAddress:         ":9402",
 	}
 }

@@ -44,7 +44,24 @@ type Args struct {
 	SharedMemFreeMin float64 `json:"sharedMemFreeMin"`
 	// PROMETHEUS_QUERY: recorded (the dcgm_exporter role's recording rules, one series per device) | raw.
 	PrometheusQuery string `json:"prometheusQuery"`
+	// METRICS_SOURCE: prometheus (queried every refresh) | push (Prometheus' remote write to the scheduler's own
+	// receiver, k8s/gpumetrics/remotewrite).
+	MetricsSource string `json:"metricsSource"`
+	// REMOTE_WRITE_ADDRESS: host:port the receiver listens on (push only; no host: every interface).
+	RemoteWriteAddress string `json:"remoteWriteAddress"`
+	// REMOTE_WRITE_TOKEN_FILE: the bearer token a sender must present, re-read when the file changes (push needs it).
+	RemoteWriteTokenFile string `json:"remoteWriteTokenFile"`
+	// REMOTE_WRITE_CERT_FILE, REMOTE_WRITE_KEY_FILE: the PEM pair the receiver serves https with (both or neither;
+	// neither: plain http).
+	RemoteWriteCertFile string `json:"remoteWriteCertFile"`
+	RemoteWriteKeyFile  string `json:"remoteWriteKeyFile"`
 }
+
+// The metrics sources (metricsSource).
+const (
+	SourcePrometheus = "prometheus"
+	SourcePush       = "push"
+)
 
 // maxReplicas bounds SHARED_RESOURCES' replicas (the settings contract's range, as the extender's).
 const maxReplicas = 64

@@ -3,6 +3,8 @@ package gpuscore
 import (
 	"fmt"
 	"math"
+	"net"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -88,6 +90,13 @@ func ValidateArgs(path *field.Path, args *Args) field.ErrorList {
 		bad("prometheusQuery", field.Invalid(child("prometheusQuery"), args.PrometheusQuery,
 			fmt.Sprintf("must be recorded or raw (got %q)", args.PrometheusQuery)))
 	}
+	if args.MetricsSource != SourcePrometheus && args.MetricsSource != SourcePush {
+		bad("metricsSource", field.Invalid(child("metricsSource"), args.MetricsSource,
+			fmt.Sprintf("must be prometheus or push (got %q)", args.MetricsSource)))
+	}
+	if problem := addressProblem(args.RemoteWriteAddress); problem != "" {
+		bad("remoteWriteAddress", field.Invalid(child("remoteWriteAddress"), args.RemoteWriteAddress, problem))
+	}
 	valid := func(fields ...string) bool {
 		for _, name := range fields {
 			if invalid[name] {
@@ -120,7 +129,36 @@ func ValidateArgs(path *field.Path, args *Args) field.ErrorList {
 		errs = append(errs, field.Forbidden(child("prometheusCAFile"), fmt.Sprintf(
 			"prometheusCAFile needs an https:// prometheusURL (got %q)", args.PrometheusURL)))
 	}
+	// The receiver takes samples only from a sender that presents the token: without one, anyone who reaches the
+	// port could write the fleet's load.
+	if valid("metricsSource") && args.MetricsSource == SourcePush && args.RemoteWriteTokenFile == "" {
+		errs = append(errs, field.Forbidden(child("remoteWriteTokenFile"),
+			"metricsSource push needs remoteWriteTokenFile (the bearer token remote-write senders must present)"))
+	}
+	if (args.RemoteWriteCertFile == "") != (args.RemoteWriteKeyFile == "") {
+		missing := "remoteWriteKeyFile"
+		if args.RemoteWriteCertFile == "" {
+			missing = "remoteWriteCertFile"
+		}
+		errs = append(errs, field.Forbidden(child(missing),
+			"remoteWriteCertFile and remoteWriteKeyFile go together (both for https, neither for http)"))
+	}
 	return errs
+}
+
+// addressProblem is why address is no host:port a server can listen on ("" when it is one).
+func addressProblem(address string) string {
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return fmt.Sprintf("must be host:port or :port (got %q)", address)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Sprintf("port must be a number in [1, 65535] (got %q)", port)
+	}
+	if strings.ContainsAny(host, "/ ") {
+		return fmt.Sprintf("host %q is no host name or address", host)
+	}
+	return ""
 }
 
 // Problems are errs in the words of the extender's check (plugin_args.py), which the conformance vectors and the

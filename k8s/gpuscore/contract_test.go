@@ -276,3 +276,42 @@ func TestValidateArgsReturnsEveryErrorWithItsFieldPath(t *testing.T) {
 		t.Errorf("the defaults are refused: %v", errs)
 	}
 }
+
+// The push source's args: push needs a token file, the TLS pair goes together, the address must parse; each error
+// at its own field's path, and the pull form's defaults need none of them.
+func TestPushArgsAreValidatedWithTheirFieldPaths(t *testing.T) {
+	root := field.NewPath("args")
+	for _, c := range []struct {
+		name   string
+		change func(*Args)
+		want   []string // "<type> <field>: <problem>"
+	}{
+		{"push without a token file", func(a *Args) { a.MetricsSource = SourcePush }, []string{
+			"Forbidden args.remoteWriteTokenFile: metricsSource push needs remoteWriteTokenFile (the bearer token remote-write senders must present)"}},
+		{"push with a token file", func(a *Args) { a.MetricsSource, a.RemoteWriteTokenFile = SourcePush, "/token" }, nil},
+		{"an unknown source", func(a *Args) { a.MetricsSource = "pull" }, []string{
+			`Invalid value args.metricsSource: must be prometheus or push (got "pull")`}},
+		{"a certificate without its key", func(a *Args) { a.RemoteWriteCertFile = "/tls.crt" }, []string{
+			"Forbidden args.remoteWriteKeyFile: remoteWriteCertFile and remoteWriteKeyFile go together (both for https, neither for http)"}},
+		{"a key without its certificate", func(a *Args) { a.RemoteWriteKeyFile = "/tls.key" }, []string{
+			"Forbidden args.remoteWriteCertFile: remoteWriteCertFile and remoteWriteKeyFile go together (both for https, neither for http)"}},
+		{"both", func(a *Args) { a.RemoteWriteCertFile, a.RemoteWriteKeyFile = "/tls.crt", "/tls.key" }, nil},
+		{"an address without a port", func(a *Args) { a.RemoteWriteAddress = "9402" }, []string{
+			`Invalid value args.remoteWriteAddress: must be host:port or :port (got "9402")`}},
+		{"a port out of range", func(a *Args) { a.RemoteWriteAddress = "127.0.0.1:70000" }, []string{
+			`Invalid value args.remoteWriteAddress: port must be a number in [1, 65535] (got "70000")`}},
+		{"a named port", func(a *Args) { a.RemoteWriteAddress = ":http" }, []string{
+			`Invalid value args.remoteWriteAddress: port must be a number in [1, 65535] (got "http")`}},
+		{"a host and a port", func(a *Args) { a.RemoteWriteAddress = "[::1]:9402" }, nil},
+	} {
+		args := DefaultArgs()
+		c.change(&args)
+		var got []string
+		for _, err := range ValidateArgs(root, &args) {
+			got = append(got, err.Type.String()+" "+err.Field+": "+err.Detail)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s: errors %q, want %q", c.name, got, c.want)
+		}
+	}
+}

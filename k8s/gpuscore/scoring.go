@@ -241,9 +241,14 @@ func judgePart(node string, metrics *NodeMetrics, ranked []Device, want Resource
 }
 
 // Rank orders every node's devices by load under p once, before the snapshot is published; a snapshot is
-// then read-only, so the scheduler's parallel Filter and Score calls share the result without locks.
+// then read-only, so the scheduler's parallel Filter and Score calls share the result without locks. A node ranked
+// already is left as it is: a source that carries an unchanged node over into its next snapshot (SnapshotOfNodes)
+// ranks it with the same policy, and its memo stays as true as its devices.
 func (s *Snapshot) Rank(p *Policy) {
 	for _, metrics := range s.Nodes {
+		if metrics.ranked != nil {
+			continue
+		}
 		metrics.ranked = make([]rankedResource, 0, len(metrics.Devices))
 		for resource, devices := range metrics.Devices {
 			metrics.ranked = append(metrics.ranked, rankedResource{resource: resource, devices: byLoad(devices, p)})

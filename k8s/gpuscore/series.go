@@ -34,6 +34,13 @@ func ExporterMatchers(job, namespace string) string {
 // metrics_source.DECISION_LABELS.
 var decisionLabels = []string{"gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "pod", "namespace", "exported_pod", "exported_namespace"}
 
+// DecisionLabels are the labels a decision reads besides the node's (a copy: the receiver of pushed samples keeps
+// these and drops the others).
+func DecisionLabels() []string { return append([]string(nil), decisionLabels...) }
+
+// DCGMMetrics are the dcgm-exporter metrics a decision reads (a copy).
+func DCGMMetrics() []string { return append([]string(nil), dcgmMetrics...) }
+
 // PrometheusQueries is metrics_source.prometheus_queries: the series aggregated by the labels decisions read
 // (Prometheus drops the rest before encoding its answer; series two exporters disagree on fold into their
 // maximum), and the newest sample time per node, read from one metric every device reports (sampleTimeMetric):
@@ -151,6 +158,31 @@ func buildFromSamples(samples []Sample, times []Series, nodeLabels []string, que
 		}
 	}
 	snapshot := buildSnapshot(screenSamples(samples, nodeLabels), nodeLabels, queriedAt, nodeTimes, version)
+	dropFutureNodes(snapshot, now, maxSkew)
+	return snapshot
+}
+
+// NodeFromSamples is one node's part of buildFromSamples, for a source that keeps samples per node and rebuilds only
+// the nodes that changed (the remote-write receiver): samples are all of node's, dated sampleTime; the same
+// screening (a value out of its metric's range leaves the node out), nil when nothing of the node is left. Whether
+// it is dated too far ahead depends on the clock at publication: SnapshotOfNodes judges that.
+func NodeFromSamples(samples []Sample, node string, sampleTime float64, nodeLabels []string) *NodeMetrics {
+	built := buildSnapshot(screenSamples(samples, nodeLabels), nodeLabels, sampleTime, map[string]float64{node: sampleTime}, 0)
+	return built.Nodes[node]
+}
+
+// SnapshotOfNodes is the snapshot numbered version of nodes made by NodeFromSamples, in their order: nodes dated
+// beyond now + maxSkew left out, as buildFromSamples does. The NodeMetrics are the caller's, not copied: one already
+// ranked (Snapshot.Rank) by an earlier snapshot of the same source keeps its ranking and its memo.
+func SnapshotOfNodes(nodes []*NodeMetrics, now, maxSkew float64, version uint64) *Snapshot {
+	snapshot := &Snapshot{Nodes: make(map[string]*NodeMetrics, len(nodes)), Order: make([]string, 0, len(nodes)), Version: version}
+	for _, metrics := range nodes {
+		if _, seen := snapshot.Nodes[metrics.Name]; seen {
+			continue
+		}
+		snapshot.Nodes[metrics.Name] = metrics
+		snapshot.Order = append(snapshot.Order, metrics.Name)
+	}
 	dropFutureNodes(snapshot, now, maxSkew)
 	return snapshot
 }

@@ -10,6 +10,7 @@ package gpuscore
 
 import (
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -41,25 +42,32 @@ type deviceKey struct{ node, gpu, instance string }
 
 type deviceAcc struct {
 	gpu, profile                      string
-	utilPercent, grActive, used, free *float64
-	pods                              map[string]bool // pods dcgm-exporter maps to the device; nil: no pod label
-	countedPods                       *int            // pods a recorded sample counted (Sample.Pods)
+	utilPercent, grActive, used, free *float64 // nil: no sample; else into values
+	values                            [4]float64
+	// pods dcgm-exporter maps to the device, each once (a few at most: a list is cheaper than a set); podLabel
+	// false: no series of the device had a pod label.
+	pods        []podKey
+	podLabel    bool
+	countedPods *int // pods a recorded sample counted (Sample.Pods)
 }
 
-// podOf is the pod a series is attributed to ("" for none), ok false when the series has no pod label.
+// podOf is the pod a series is attributed to (no name for none), ok false when the series has no pod label.
 // Prometheus renames the exporter's pod to exported_pod when its own target label pod (the exporter's pod)
 // clashes, so that one wins.
-func podOf(labels map[string]string) (string, bool) {
+func podOf(labels map[string]string) (podKey, bool) {
 	for _, names := range [2][2]string{{"exported_pod", "exported_namespace"}, {"pod", "namespace"}} {
 		if pod, ok := labels[names[0]]; ok {
 			if pod == "" {
-				return "", true
+				return podKey{}, true
 			}
-			return labels[names[1]] + "/" + pod, true
+			return podKey{labels[names[1]], pod}, true
 		}
 	}
-	return "", false
+	return podKey{}, false
 }
+
+// podKey is a pod as namespace and name (no string joined per sample: the fold runs for every series).
+type podKey struct{ namespace, name string }
 
 func clamp01(x float64) float64 { return min(1.0, max(0.0, x)) }
 
@@ -76,8 +84,12 @@ func nodeNameOf(labels map[string]string, nodeLabels []string) string {
 // buildSnapshot folds samples into a Snapshot. Every sample is dated defaultTime (a Prometheus instant query's
 // values carry the evaluation time, not the scrape's); nodeSampleTimes overrides it per node.
 func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, nodeSampleTimes map[string]float64, version uint64) *Snapshot {
-	devices := map[deviceKey]*deviceAcc{}
-	var order []deviceKey // insertion order: Python's dicts keep it, and node order follows from it
+	// Sized for dcgm-exporter's 3-4 series per device, the accumulators made in slabs: a fold allocates per
+	// snapshot, not per device (the push form folds a node every time its samples arrive).
+	hint := len(samples)/3 + 1
+	devices := make(map[deviceKey]*deviceAcc, hint)
+	order := make([]deviceKey, 0, hint) // insertion order: Python's dicts keep it, and node order follows from it
+	slab := make([]deviceAcc, 0, hint)
 	sampleTimes := map[string]float64{}
 	for _, s := range samples {
 		switch s.Name {
@@ -104,7 +116,11 @@ func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 		key := deviceKey{node, gpu, instance}
 		acc := devices[key]
 		if acc == nil {
-			acc = &deviceAcc{gpu: gpu, profile: profile}
+			if len(slab) == cap(slab) {
+				slab = make([]deviceAcc, 0, hint)
+			}
+			slab = append(slab, deviceAcc{gpu: gpu, profile: profile})
+			acc = &slab[len(slab)-1]
 			devices[key] = acc
 			order = append(order, key)
 		}
@@ -113,23 +129,25 @@ func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 			acc.countedPods = &pods
 		}
 		if pod, ok := podOf(s.Labels); ok { // time-slicing: one series per pod sharing the device
-			if acc.pods == nil {
-				acc.pods = map[string]bool{}
-			}
-			if pod != "" {
-				acc.pods[pod] = true
+			acc.podLabel = true
+			if pod.name != "" && !slices.Contains(acc.pods, pod) {
+				acc.pods = append(acc.pods, pod)
 			}
 		}
-		value := s.Value
+		// The newest value of each metric, held in the accumulator itself (no allocation per sample).
 		switch s.Name {
 		case metricGPUUtil:
-			acc.utilPercent = &value
+			acc.values[0] = s.Value
+			acc.utilPercent = &acc.values[0]
 		case metricGREngineActive:
-			acc.grActive = &value
+			acc.values[1] = s.Value
+			acc.grActive = &acc.values[1]
 		case metricFBUsed:
-			acc.used = &value
+			acc.values[2] = s.Value
+			acc.used = &acc.values[2]
 		default:
-			acc.free = &value
+			acc.values[3] = s.Value
+			acc.free = &acc.values[3]
 		}
 		if t, ok := sampleTimes[node]; !ok || defaultTime > t {
 			sampleTimes[node] = defaultTime
@@ -177,7 +195,7 @@ func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 		if acc.used != nil && acc.free != nil && *acc.used+*acc.free > 0 {
 			device.Mem, device.HasMem = clamp01(*acc.used/(*acc.used+*acc.free)), true
 		}
-		if acc.pods != nil {
+		if acc.podLabel {
 			device.Pods, device.HasPods = len(acc.pods), true
 		} else if acc.countedPods != nil {
 			device.Pods, device.HasPods = *acc.countedPods, true

@@ -1,0 +1,257 @@
+package remotewrite
+
+// The Store: the kept series, per node, as their newest samples. A request is applied whole under the Store's
+// lock once it decoded; a sample older than the one held for its series is ignored (out of order), Prometheus'
+// stale marker removes the series, and a series without a sample for seriesExpiry is dropped as Prometheus' own
+// lookback drops it from an instant query. Sources (one per Refresher) build snapshots from it: a node is rebuilt
+// only when a sample of it arrived since that Source's last snapshot, through the same fold and screening as the
+// pull form's (gpuscore.NodeFromSamples, gpuscore.SnapshotOfNodes).
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/gpufleet/mig/k8s/gpuscore"
+)
+
+// seriesExpiry is how long a series without a new sample stays (Prometheus' default lookback delta: the pull form's
+// instant query stops returning a series this long after its last sample).
+const seriesExpiry = 5 * time.Minute
+
+// Store holds the newest sample of every kept series. Safe for concurrent use.
+type Store struct {
+	mu         sync.Mutex
+	filter     filter
+	nodeLabels []string // args' nodeNameLabels, all of them (the filter reads the first maxNodeLabels)
+	maxSkew    float64
+	now        func() float64 // unix seconds; the wall clock outside tests
+
+	nodes map[string]*nodeState
+	order []*nodeState // nodes in the order their first sample came
+	gen   uint64       // bumped by each change
+	key   []byte       // scratch: a series' key
+}
+
+type nodeState struct {
+	name    string
+	series  map[string]*seriesState // by the values of the kept labels
+	list    []*seriesState          // the same in the order they came (removed ones until the next build)
+	newest  int64                   // the newest sample's timestamp, milliseconds
+	changed uint64                  // Store.gen of the last change
+}
+
+type seriesState struct {
+	sample    gpuscore.Sample // the labels a decision reads, the metric, the newest value
+	timestamp int64           // milliseconds
+	key       string
+	removed   bool
+}
+
+// NewStore keeps the series of the dcgm metrics a decision reads, from the exporter's job and namespace when they
+// are set; nodeLabels name a series' node (the first one set); a node dated more than maxSkew seconds ahead of this
+// clock is left out of snapshots until it no longer is.
+func NewStore(nodeLabels []string, job, namespace string, maxSkew float64) *Store {
+	kept := nodeLabels
+	if len(kept) > maxNodeLabels {
+		kept = kept[:maxNodeLabels]
+	}
+	return &Store{
+		filter:     filter{metrics: gpuscore.DCGMMetrics(), nodeLabels: kept, job: job, namespace: namespace},
+		nodeLabels: append([]string(nil), nodeLabels...),
+		maxSkew:    maxSkew,
+		now:        func() float64 { return float64(time.Now().UnixNano()) / 1e9 },
+		nodes:      map[string]*nodeState{},
+	}
+}
+
+// applied is what one request did to the Store.
+type applied struct{ accepted, outOfOrder, removed int }
+
+// apply writes a decoded request's samples into the Store.
+func (st *Store) apply(d *decoded) applied {
+	var result applied
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	gen := st.gen + 1
+	labels := labelNode + len(st.filter.nodeLabels)
+	for i := range d.kept {
+		s := &d.kept[i]
+		nodeName := d.node(s, len(st.filter.nodeLabels))
+		node := st.nodes[string(nodeName)]
+		key := st.key[:0]
+		for label := range labels {
+			key = append(append(key, d.value(s, label)...), 0xff)
+		}
+		st.key = key
+		var held *seriesState
+		if node != nil {
+			held = node.series[string(key)]
+		}
+		_ = eachSample(d.body[s.samples.start:s.samples.end], func(value float64, timestamp int64) {
+			if held != nil && timestamp < held.timestamp {
+				result.outOfOrder++
+				return
+			}
+			if math.Float64bits(value) == staleNaN {
+				if held != nil {
+					delete(node.series, held.key)
+					held.removed, held = true, nil
+					node.changed = gen
+					result.removed++
+				}
+				return
+			}
+			if node == nil {
+				node = &nodeState{name: string(nodeName), series: map[string]*seriesState{}}
+				st.nodes[node.name] = node
+				st.order = append(st.order, node)
+			}
+			if held == nil {
+				held = &seriesState{sample: gpuscore.Sample{Name: st.filter.metrics[s.metric], Labels: d.labels(s, &st.filter)}, key: string(key)}
+				node.series[held.key] = held
+				node.list = append(node.list, held)
+			}
+			held.sample.Value, held.timestamp = value, timestamp
+			node.newest = max(node.newest, timestamp)
+			node.changed = gen
+			result.accepted++
+		})
+	}
+	if result.accepted > 0 || result.removed > 0 {
+		st.gen = gen
+	}
+	return result
+}
+
+// labels is a kept series' labels as gpuscore.Sample carries them, made once per series: those the fold reads
+// (gpuscore.DecisionLabels and the node's), less the ones it cannot read, so that the map stays small enough for Go's
+// small-map lookups: __name__ (Sample.Name has it), job (the filter read it), and pod and namespace when the series
+// has exported_pod (the fold then takes exported_pod and exported_namespace).
+func (d *decoded) labels(s *series, f *filter) map[string]string {
+	labels := make(map[string]string, 8)
+	exported := len(d.value(s, labelExportedPod)) > 0
+	for i, name := range fixedLabels {
+		switch {
+		case i == labelName || i == labelJob:
+			continue
+		case exported && (i == labelPod || i == labelNamespace):
+			continue
+		}
+		if v := d.value(s, i); len(v) > 0 {
+			labels[name] = string(v)
+		}
+	}
+	for i, name := range f.nodeLabels {
+		if v := d.value(s, labelNode+i); len(v) > 0 {
+			labels[name] = string(v)
+		}
+	}
+	return labels
+}
+
+// Source is one reader of the Store (a Refresher's gpumetrics.Source): the nodes it built for its last snapshot,
+// kept until a sample of theirs arrives. Only its Refresher calls Fetch.
+type Source struct {
+	store      *Store
+	seen       uint64 // Store.gen of the last snapshot
+	built      map[string]builtNode
+	futureLeft bool // the last snapshot left a node out as dated ahead: the next one judges it again
+	samples    []gpuscore.Sample
+}
+
+type builtNode struct {
+	metrics *gpuscore.NodeMetrics // nil: nothing of the node passed
+	gen     uint64
+}
+
+// NewSource is a new reader of st.
+func (st *Store) NewSource() *Source { return &Source{store: st, built: map[string]builtNode{}} }
+
+// Fetch is the snapshot numbered version of what the Store holds now, nil when nothing changed since the last
+// one: no sample arrived, no series expired, no node was left out as dated ahead. No network, and only the nodes
+// that changed are folded again.
+func (src *Source) Fetch(_ context.Context, version uint64) (*gpuscore.Snapshot, error) {
+	st := src.store
+	st.mu.Lock()
+	now := st.now()
+	cutoff := int64(math.Floor((now - seriesExpiry.Seconds()) * 1000))
+	if st.gen == src.seen && !src.futureLeft && !st.expires(cutoff) {
+		st.mu.Unlock()
+		return nil, nil
+	}
+	st.expire(cutoff)
+	nodes := make([]*gpuscore.NodeMetrics, 0, len(st.order))
+	for _, node := range st.order {
+		built, ok := src.built[node.name]
+		if !ok || built.gen != node.changed {
+			built = builtNode{src.build(node, cutoff), node.changed}
+			src.built[node.name] = built
+		}
+		if built.metrics != nil {
+			nodes = append(nodes, built.metrics)
+		}
+	}
+	if len(src.built) > 2*len(st.order)+64 { // nodes gone: forget what was built for them
+		for name := range src.built {
+			if node := st.nodes[name]; node == nil {
+				delete(src.built, name)
+			}
+		}
+	}
+	src.seen = st.gen
+	st.mu.Unlock()
+	snapshot := gpuscore.SnapshotOfNodes(nodes, now, st.maxSkew, version)
+	src.futureLeft = len(snapshot.Nodes) < len(nodes)
+	return snapshot, nil
+}
+
+// build folds node's series into its NodeMetrics, those without a sample since cutoff (milliseconds) dropped; called
+// with the Store locked.
+func (src *Source) build(node *nodeState, cutoff int64) *gpuscore.NodeMetrics {
+	samples, list := src.samples[:0], node.list[:0]
+	for _, held := range node.list {
+		if held.timestamp < cutoff && !held.removed {
+			delete(node.series, held.key) // as Prometheus' lookback forgets it
+			held.removed = true
+		}
+		if !held.removed {
+			samples = append(samples, held.sample)
+			list = append(list, held)
+		}
+	}
+	clear(node.list[len(list):])
+	node.list = list
+	src.samples = samples[:0]
+	if len(samples) == 0 {
+		return nil
+	}
+	return gpuscore.NodeFromSamples(samples, node.name, float64(node.newest)/1000, src.store.nodeLabels)
+}
+
+// expires says whether a node's newest sample is older than cutoff (milliseconds).
+func (st *Store) expires(cutoff int64) bool {
+	for _, node := range st.order {
+		if node.newest < cutoff {
+			return true
+		}
+	}
+	return false
+}
+
+// expire removes the nodes whose newest sample is older than cutoff, and those left without a series (stale
+// markers); with the Store locked. A live node's expired series are left out, and dropped, by build.
+func (st *Store) expire(cutoff int64) {
+	kept := st.order[:0]
+	for _, node := range st.order {
+		if node.newest < cutoff || len(node.series) == 0 {
+			delete(st.nodes, node.name)
+			st.gen++
+			continue
+		}
+		kept = append(kept, node)
+	}
+	clear(st.order[len(kept):])
+	st.order = kept
+}
