@@ -8,7 +8,7 @@ get ``DCGM_FI_DEV_GPU_UTIL`` (percent); MIG instances carry ``GPU_I_PROFILE``/``
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 H100_MODEL = "NVIDIA H100 80GB HBM3"
@@ -72,11 +72,21 @@ def remote_write_series(
     job: str = "dcgm-exporter",
     namespace: str = "gpufleet-node-agents",
 ) -> list[tuple[dict[str, str], list[tuple[float, int]]]]:
+    """write_series as a list."""
+    return list(write_series(nodes.items(), timestamp_ms, host_label, job, namespace))
+
+
+def write_series(
+    nodes: Iterable[tuple[str, Iterable[DeviceLoad]]],
+    timestamp_ms: int,
+    host_label: str = "Hostname",
+    job: str = "dcgm-exporter",
+    namespace: str = "gpufleet-node-agents",
+) -> Iterator[tuple[dict[str, str], list[tuple[float, int]]]]:
     """The series Prometheus remote-writes after scraping these exporters: the exporter's labels, the scrape's
     target labels (job, instance, namespace, container, endpoint, service; not the exporter's own pod, which the
     decision would count as a pod on the device), one sample each at ``timestamp_ms``."""
-    series = []
-    for index, (node, devices) in enumerate(nodes.items()):
+    for index, (node, devices) in enumerate(nodes):
         target = {
             "job": job,
             "instance": f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}:9400",
@@ -88,8 +98,7 @@ def remote_write_series(
         for device in devices:
             labels = dict(label_pairs(node, device, host_label))
             for name, value in device_values(device).items():
-                series.append(({"__name__": name, **labels, **target}, [(value, timestamp_ms)]))
-    return series
+                yield {"__name__": name, **labels, **target}, [(value, timestamp_ms)]
 
 
 def render_exposition(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import logging
 import math
@@ -73,6 +74,8 @@ MAX_BODY_BYTES = MAX_DECODED_BYTES  # a snappy block of a WriteRequest is severa
 # Series a sender stopped writing without a stale marker (a restarted Prometheus sends none) leave the store after
 # this long: Prometheus' lookback, after which an instant query (the pull form) no longer returns them either.
 SERIES_LOOKBACK_SECONDS = 300.0
+# A node with samples of two scrapes at once (some of its series not written yet) is rebuilt after this long anyway.
+SETTLE_SECONDS = 5.0
 STALE_NAN_BITS = 0x7FF0000000000002
 
 # Refusal reasons: the ``reason`` label of gpufleet_extender_remote_write_refused_total, the same in GPUScore.
@@ -130,17 +133,32 @@ def write_request_classes() -> tuple[type[Any], type[Any]]:
 WriteRequest, TimeSeries = write_request_classes()
 
 
+def series_field(labels: Mapping[str, str], samples: Iterable[tuple[float, int]]) -> bytes:
+    """One series as a WriteRequest's ``timeseries`` field (tag, length, TimeSeries): labels sorted by name, as
+    Prometheus sorts them, then (value, timestamp ms) samples. WriteRequests are such fields end to end."""
+    ts = TimeSeries()
+    for name in sorted(labels):
+        ts.labels.add(name=name, value=labels[name])
+    for value, stamp in samples:
+        ts.samples.add(value=value, timestamp=stamp)
+    body: bytes = ts.SerializeToString()
+    length, head = len(body), bytearray(b"\x0a")
+    while length >= 0x80:
+        head.append(length & 0x7F | 0x80)
+        length >>= 7
+    head.append(length)
+    return bytes(head) + body
+
+
+def write_request_body(fields: Iterable[bytes]) -> bytes:
+    """A request body from series_field's fields: the WriteRequest, snappy-compressed (block format)."""
+    return bytes(cramjam.snappy.compress_raw(b"".join(fields)))
+
+
 def encode_write_request(series: Iterable[tuple[Mapping[str, str], Iterable[tuple[float, int]]]]) -> bytes:
-    """A snappy-compressed WriteRequest of (labels, [(value, timestamp ms), ...]) per series: what Prometheus sends
-    (labels sorted by name, as Prometheus sorts them). The tests' and the benchmark's sender."""
-    request = WriteRequest()
-    for labels, samples in series:
-        ts = request.timeseries.add()
-        for name in sorted(labels):
-            ts.labels.add(name=name, value=labels[name])
-        for value, stamp in samples:
-            ts.samples.add(value=value, timestamp=stamp)
-    return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+    """A request body of (labels, [(value, timestamp ms), ...]) per series, as Prometheus sends it: the tests' and
+    the benchmark's sender."""
+    return write_request_body(series_field(labels, samples) for labels, samples in series)
 
 
 def stale_nan() -> float:
@@ -215,7 +233,7 @@ class SampleStore:
         self._wanted = frozenset(DCGM_METRICS)
         self._nodes: dict[str, dict[int, list[Any]]] = {}
         self._by_labels: dict[int, list[Any]] = {}  # hash of a series' labels bytes -> the series (or a verdict)
-        self._changed: set[str] = set()
+        self._changed: dict[str, float] = {}  # node -> when its first sample not yet in a snapshot came (monotonic)
         self._lock = threading.Lock()
         self.max_cached = 4_000_000  # label caches beyond this are dropped and rebuilt (churning labels)
 
@@ -338,6 +356,7 @@ class SampleStore:
     def _apply(self, updates: list[tuple[list[Any], float, int]]) -> WriteResult:
         result = WriteResult()
         nodes, changed = self._nodes, self._changed
+        now = time.monotonic()
         for series, value, stamp in updates:
             if series is _IGNORED:
                 result.ignored += 1
@@ -350,30 +369,44 @@ class SampleStore:
                 if series[_LIVE]:
                     series[_LIVE] = False
                     del nodes[series[_NODE]][series[_IDENT]]
-                    changed.add(series[_NODE])
+                    changed.setdefault(series[_NODE], now)
                     result.removed += 1
                 continue
             series[_VALUE] = value
             if not series[_LIVE]:
                 series[_LIVE] = True
                 nodes.setdefault(series[_NODE], {})[series[_IDENT]] = series
-            changed.add(series[_NODE])
+            node = series[_NODE]
+            if node not in changed:
+                changed[node] = now
             result.accepted += 1
         return result
 
-    def take_changed(self) -> tuple[dict[str, list[Sample]], set[str]]:
-        """The samples of every node changed since the last call, and those nodes (nodes without samples left are
-        among them, absent from the first)."""
+    def take_changed(self, settle: float = 0.0) -> tuple[dict[str, list[Sample]], set[str]]:
+        """The samples of the nodes changed since they were last taken, and those nodes (nodes without samples left
+        are among them, absent from the first). A node is taken once every series of it holds a sample of the same
+        scrape (one timestamp: Prometheus stamps a target's scrape once), or ``settle`` seconds after its first
+        change: Prometheus' shards deliver a node's scrape in several requests, and a node rebuilt for each would cost
+        its build several times per interval."""
+        now = time.monotonic()
         with self._lock:
-            changed, self._changed = self._changed, set()
+            taken: set[str] = set()
             out: dict[str, list[Sample]] = {}
-            for node in changed:
+            for node, since in self._changed.items():
                 per_node = self._nodes.get(node)
                 if not per_node:
                     self._nodes.pop(node, None)
+                    taken.add(node)
                     continue
+                if now - since < settle:
+                    stamps = [s[_STAMP] for s in per_node.values()]
+                    if min(stamps) != max(stamps):
+                        continue  # the rest of this scrape is on its way
+                taken.add(node)
                 out[node] = [Sample(s[_NAME], s[_LABELS], s[_VALUE], s[_STAMP] / 1000.0) for s in per_node.values()]
-            return out, changed
+            for node in taken:
+                del self._changed[node]
+            return out, taken
 
     def expire(self, now_ms: int) -> int:
         """Drop series not written for SERIES_LOOKBACK_SECONDS (their nodes count as changed); how many."""
@@ -386,7 +419,7 @@ class SampleStore:
                     per_node.pop(ident)[_LIVE] = False
                 if old:
                     dropped += len(old)
-                    self._changed.add(node)
+                    self._changed.setdefault(node, time.monotonic())
         return dropped
 
     def empty(self) -> bool:
@@ -394,6 +427,20 @@ class SampleStore:
 
 
 # --- the snapshot ----------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic GC off while a build makes its hundreds of thousands of objects (none of them in a cycle): it
+    would walk the store and the last snapshot again and again, a third of the build's time at thousands of nodes.
+    Only one build runs at a time; the GC is on again after it, as it was."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class PushSource:
@@ -437,7 +484,7 @@ class PushSource:
         if now - self._swept >= SERIES_LOOKBACK_SECONDS / 10:
             self._swept = now
             await asyncio.to_thread(self.store.expire, int(now * 1000))
-        samples, changed = await asyncio.to_thread(self.store.take_changed)
+        samples, changed = await asyncio.to_thread(self.store.take_changed, SETTLE_SECONDS)
         if not changed and self._previous is not EMPTY_SNAPSHOT:
             return None
         snapshot, self.report = await asyncio.to_thread(self._build, samples, changed, version)
@@ -445,6 +492,12 @@ class PushSource:
         return snapshot
 
     def _build(
+        self, by_node: Mapping[str, list[Sample]], changed: set[str], version: int
+    ) -> tuple[MetricsSnapshot, FetchReport]:
+        with _gc_paused():
+            return self._build_nodes(by_node, changed, version)
+
+    def _build_nodes(
         self, by_node: Mapping[str, list[Sample]], changed: set[str], version: int
     ) -> tuple[MetricsSnapshot, FetchReport]:
         report = FetchReport()

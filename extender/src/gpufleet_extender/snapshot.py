@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
 
@@ -23,9 +24,9 @@ FB_FREE = "DCGM_FI_DEV_FB_FREE"
 DCGM_METRICS = (GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED, FB_FREE)
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One series value: metric name, labels, value, and its timestamp (unix seconds) when known."""
+class Sample(NamedTuple):
+    """One series value: metric name, labels, value, and its timestamp (unix seconds) when known. A named tuple:
+    immutable, and built in a fifth of a frozen dataclass' time (a refresh builds one per series of the fleet)."""
 
     name: str
     labels: Mapping[str, str]
