@@ -233,6 +233,7 @@ class SampleStore:
         self._wanted = frozenset(DCGM_METRICS)
         self._nodes: dict[str, dict[int, list[Any]]] = {}
         self._by_labels: dict[int, list[Any]] = {}  # hash of a series' labels bytes -> the series (or a verdict)
+        self._shared: dict[tuple[str, ...], dict[str, str]] = {}  # a device's decision labels, one object
         self._changed: dict[str, float] = {}  # node -> when its first sample not yet in a snapshot came (monotonic)
         self._lock = threading.Lock()
         self.max_cached = 4_000_000  # label caches beyond this are dropped and rebuilt (churning labels)
@@ -256,6 +257,8 @@ class SampleStore:
         if held is not None:
             return held
         kept = {label: labels[label] for label in self._kept if label in labels}
+        # The series of one device share one labels object: less memory, and build_snapshot reads it once.
+        kept = self._shared.setdefault(tuple(part for pair in kept.items() for part in pair), kept)
         return [node, ident, name, kept, math.nan, -1, False]
 
     def decode(self, data: bytes) -> list[tuple[list[Any], float, int]]:
@@ -332,6 +335,7 @@ class SampleStore:
             return None
         if len(self._by_labels) >= self.max_cached:
             self._by_labels.clear()
+            self._shared.clear()
         series = self._series_of({label.name: label.value for label in ts.labels})
         self._by_labels[key] = series
         return series
