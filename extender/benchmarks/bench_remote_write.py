@@ -257,6 +257,8 @@ def run_http(nodes: int, instances: int, batch: int, interval: float, tmp: Path)
                 time.sleep(0.02)
             delay = time.monotonic() - sent
             spent = _server_cpu(server.pid) - before
+            status = Path(f"/proc/{server.pid}/status").read_text()
+            rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")) / 1024
             held = int(
                 next(
                     line.split()[-1]
@@ -271,7 +273,7 @@ def run_http(nodes: int, instances: int, batch: int, interval: float, tmp: Path)
             f"{nodes:>5} nodes x 8 x {instances} inst, batch {batch:>6}, over HTTP into gpufleet-extender serve: "
             f"{len(new)} requests, {samples} samples; the server's CPU for the interval {spent:.2f} s = "
             f"{spent * 100 / interval:.1f} % of a core (HTTP, receive, every refresh's build); last answer to "
-            f"every node's new sample in the snapshot: {delay:.2f} s",
+            f"every node's new sample in the snapshot: {delay:.2f} s; the server's RSS {rss:.0f} MiB",
             flush=True,
         )
     finally:
@@ -293,6 +295,7 @@ def main() -> int:
     )
     args = parser.parse_args()
 
+    print("load average at the start: {:.2f} {:.2f} {:.2f} on {} cores".format(*os.getloadavg(), os.cpu_count()))
     with tempfile.TemporaryDirectory() as tmp:
         token = Path(tmp) / "token"
         token.write_text("bench")
@@ -302,6 +305,7 @@ def main() -> int:
         if args.http:
             nodes, instances, batch = (int(part) for part in args.http.split("x"))
             run_http(nodes, instances, batch, args.interval, Path(tmp))
+    print("load average at the end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of the benchmark process: {peak:.0f} MiB (the largest store and its label cache included)")
     return 0

@@ -268,6 +268,7 @@ class SampleStore:
         append = updates.append
         cache = self._by_labels
         unpack_double = _unpack_double
+        startswith, from_bytes = data.startswith, int.from_bytes
         pos, end_of_data = 0, len(data)
         while pos < end_of_data:
             tag = data[pos]
@@ -281,40 +282,31 @@ class SampleStore:
                 end = pos + length
                 if end > end_of_data:
                     raise Refused(MALFORMED, "not a WriteRequest: a series runs past the end")
-                # The usual framing: the labels, then one sample {0x09 value, 0x10 timestamp of 6 varint bytes}.
+                # The usual framing: the labels, then one sample {0x09 value, 0x10 timestamp of 6 varint bytes}:
+                # the timestamp's bytes read as one little-endian word, continuation bits checked and dropped.
                 cut = end - 18
-                if (
-                    cut >= pos
-                    and data[cut] == 0x12
-                    and data[cut + 1] == 0x10
-                    and data[cut + 2] == 0x09
-                    and data[cut + 11] == 0x10
-                    and data[end - 1] < 0x80
-                    and data[end - 2] >= 0x80
-                    and data[end - 3] >= 0x80
-                    and data[end - 4] >= 0x80
-                    and data[end - 5] >= 0x80
-                    and data[end - 6] >= 0x80
-                ):
-                    region = data[pos:cut]
-                    key = hash(region)
-                    series = cache.get(key)
-                    if series is None:
-                        series = self._learn(region, key)
-                    if series is not None:
-                        if series is _NO_NAME:
-                            raise Refused(MALFORMED, "a series without __name__")
-                        stamp = (
-                            (data[end - 6] & 0x7F)
-                            | (data[end - 5] & 0x7F) << 7
-                            | (data[end - 4] & 0x7F) << 14
-                            | (data[end - 3] & 0x7F) << 21
-                            | (data[end - 2] & 0x7F) << 28
-                            | data[end - 1] << 35
-                        )
-                        append((series, unpack_double(data, cut + 3)[0], stamp))
-                        pos = end
-                        continue
+                if cut >= pos and startswith(b"\x12\x10\x09", cut) and data[cut + 11] == 0x10:
+                    word = from_bytes(data[end - 6 : end], "little")
+                    if word & 0x808080808080 == 0x008080808080:
+                        region = data[pos:cut]
+                        key = hash(region)
+                        series = cache.get(key)
+                        if series is None:
+                            series = self._learn(region, key)
+                        if series is not None:
+                            if series is _NO_NAME:
+                                raise Refused(MALFORMED, "a series without __name__")
+                            stamp = (
+                                word & 0x7F
+                                | word >> 1 & 0x3F80
+                                | word >> 2 & 0x1FC000
+                                | word >> 3 & 0xFE00000
+                                | word >> 4 & 0x7F0000000
+                                | word >> 5 & 0x3F800000000
+                            )
+                            append((series, unpack_double(data, cut + 3)[0], stamp))
+                            pos = end
+                            continue
                 self._decode_series(data[pos:end], append)
                 pos = end
                 continue
