@@ -220,6 +220,20 @@ def _skip_field(data: bytes, pos: int, wire: int) -> int:
     return end
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic GC off while a build makes its hundreds of thousands of objects (none of them in a cycle): it
+    would walk the store and the last snapshot again and again, a third of the build's time at thousands of nodes.
+    Only one build runs at a time; the GC is on again after it, as it was."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class SampleStore:
     """node -> series -> the newest sample, fed by remote writes (``write``) and read by ``PushSource``.
 
@@ -385,7 +399,7 @@ class SampleStore:
         change: Prometheus' shards deliver a node's scrape in several requests, and a node rebuilt for each would cost
         its build several times per interval."""
         now = time.monotonic()
-        with self._lock:
+        with self._lock, _gc_paused():  # a Sample per series: the GC would walk the store again and again
             taken: set[str] = set()
             out: dict[str, list[Sample]] = {}
             for node, since in self._changed.items():
@@ -423,20 +437,6 @@ class SampleStore:
 
 
 # --- the snapshot ----------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic GC off while a build makes its hundreds of thousands of objects (none of them in a cycle): it
-    would walk the store and the last snapshot again and again, a third of the build's time at thousands of nodes.
-    Only one build runs at a time; the GC is on again after it, as it was."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class PushSource:
