@@ -40,7 +40,7 @@ from gpufleet_extender.remote_write import (
     stale_nan,
 )
 
-from extender_helpers import free_port, gpus, mig, write_ca_and_server_cert
+from extender_helpers import free_port, gpus, make_pod, mig, names_args, write_ca_and_server_cert
 
 TOKEN = "s3cret-token"
 HEADERS = {
@@ -130,8 +130,16 @@ def test_a_write_reaches_the_snapshot_as_the_same_samples_from_a_file_would(rece
     assert snapshot.nodes["node-b"].sample_time == stamp / 1000
     assert receiver.counter("gpufleet_extender_remote_write_samples_total") == 5 * 3  # 5 devices
     assert receiver.client.get("/readyz").json()["metrics_source"] == "push"
-    # The scheduler's verbs decide with it: the busy GPU of node-a is above the threshold.
     assert [d.util for d in snapshot.nodes["node-a"].devices["nvidia.com/gpu"]] == [0.2, 0.95]
+
+
+def test_the_verbs_decide_with_pushed_loads(receiver):
+    busy = {"node-busy": gpus(0.95, 0.97), "node-free": gpus(0.1, 0.2)}
+    assert receiver.post(encode_write_request(remote_write_series(busy, now_ms()))).status_code == 204
+    receiver.next_snapshot()
+    pod = make_pod({"nvidia.com/gpu": "1"})
+    result = receiver.client.post("/filter", json=names_args(pod, ["node-busy", "node-free"])).json()
+    assert result["NodeNames"] == ["node-free"] and set(result["FailedNodes"]) == {"node-busy"}
 
 
 def _snappy(data: bytes) -> bytes:
