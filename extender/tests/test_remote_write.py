@@ -350,3 +350,39 @@ def test_known_series_in_prometheus_framing_take_the_fast_path(monkeypatch):
     monkeypatch.setattr(store, "_decode_series", runtime)
     monkeypatch.setattr(store, "_learn", runtime)
     assert len(store.decode(data)) == 5 * 3
+
+
+_VALID = b"".join(series_field(labels, samples) for labels, samples in remote_write_series(FLEET, 1_796_000_000_000))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(st.binary(max_size=300), st.tuples(st.integers(0, len(_VALID) - 1), st.binary(min_size=1, max_size=4)))
+)
+def test_any_bytes_are_read_or_refused_as_malformed(data):
+    # Random bytes, or a valid request with a few bytes overwritten: a WriteRequest or Refused(malformed), nothing else
+    # (no IndexError, no runtime error escaping), and a refused write leaves the store as it was.
+    if isinstance(data, tuple):
+        at, patch = data
+        data = _VALID[:at] + patch + _VALID[at + len(patch) :]
+    store = SampleStore(("Hostname",))
+    try:
+        store.write(data)
+    except Refused as refused:
+        assert refused.reason == "malformed"
+        assert store.empty()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_body_is_taken_or_refused(body):
+    from gpufleet_extender.remote_write import Receiver as WriteReceiver
+    from gpufleet_extender.remote_write import TokenFile
+
+    receiver = WriteReceiver(SampleStore(("Hostname",)), TokenFile(Path("/nonexistent")))
+    try:
+        receiver.process(body)
+    except Refused as refused:
+        assert refused.reason in ("malformed", "too_large")
+    finally:
+        receiver.close()
