@@ -35,6 +35,7 @@ import logging
 import math
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -270,7 +271,9 @@ class SampleStore:
         held = self._nodes.get(node, {}).get(ident)
         if held is not None:
             return held
-        kept = {label: labels[label] for label in self._kept if label in labels}
+        # Interned: every series of a node, a GPU or a metric holds the same string, not a copy of its own.
+        node, name = sys.intern(node), sys.intern(name)
+        kept = {label: sys.intern(labels[label]) for label in self._kept if label in labels}
         # The series of one device share one labels object: less memory, and build_snapshot reads it once.
         kept = self._shared.setdefault(tuple(part for pair in kept.items() for part in pair), kept)
         return [node, ident, name, kept, math.nan, -1, False]
