@@ -2,6 +2,7 @@
 
     .venv/bin/python extender/benchmarks/bench_remote_write.py                  # 1,000 and 5,000 nodes, a few minutes
     .venv/bin/python extender/benchmarks/bench_remote_write.py --nodes 1000 --instances 7 --batches 2000
+    .venv/bin/python extender/benchmarks/bench_remote_write.py --nodes '' --http 5000x7x2000    # over HTTP only
 
 A fleet of nodes x 8 H100 split into 3 (3g.40gb + 2 x 2g.20gb) or 7 (1g.10gb) MIG instances, 3 series per
 instance (GR_ENGINE_ACTIVE, FB_USED, FB_FREE) with dcgm-exporter's labels and the scrape's target labels (job,
@@ -299,7 +300,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         token = Path(tmp) / "token"
         token.write_text("bench")
-        for nodes in (int(n) for n in args.nodes.split(",")):
+        for nodes in (int(n) for n in args.nodes.split(",") if n):
             for instances in (int(i) for i in args.instances.split(",")):
                 run(nodes, instances, [int(b) for b in args.batches.split(",")], args.interval, token)
         if args.http:
