@@ -230,6 +230,13 @@ def test_a_rotated_token_is_read_when_the_file_changes(receiver, tmp_path):
     (tmp_path / "token").write_text("rotated-token-longer\n")
     assert receiver.post(body).status_code == 401
     assert receiver.post(body, Authorization="Bearer rotated-token-longer").status_code == 204
+    # No file, or an empty one: nobody is let in (logged once), until it holds a token again.
+    (tmp_path / "token").unlink()
+    assert receiver.post(body, Authorization="Bearer rotated-token-longer").status_code == 401
+    (tmp_path / "token").write_text("\n")
+    assert receiver.post(body, Authorization="Bearer back-again").status_code == 401
+    (tmp_path / "token").write_text("back-again\n")
+    assert receiver.post(body, Authorization="Bearer back-again").status_code == 204
 
 
 def test_the_receiver_serves_https_with_its_pair(tmp_path):
