@@ -7,7 +7,7 @@ the newest sample of every series the decision reads (``SampleStore``); ``PushSo
 into a MetricsSnapshot with the pull form's own screening (``screen_samples``, ``build_snapshot``,
 ``drop_future_nodes``), so both forms decide alike on the same samples.
 
-Answers (the GPUScore plugin's receiver gives the same, for the same reasons): 204 written; 401 without the bearer
+Answers (the same statuses and reasons as the GPUScore plugin's receiver): 204 written; 401 without the bearer
 token of REMOTE_WRITE_TOKEN_FILE (``unauthenticated``); 415 another content type or encoding (``unsupported_media``);
 413 a body over MAX_BODY_BYTES or a snappy block that says it decodes to more than MAX_DECODED_BYTES, checked before
 decoding (``too_large``); 400 a body that is not snappy, not a WriteRequest, or holds a series without ``__name__``
@@ -21,8 +21,11 @@ EXPORTER_NAMESPACE, pinned as the pull form pins them) or without a node label a
 Decoding: the WriteRequest's messages are built at run time from a descriptor (``write_request_classes``, no
 generated code); the hot path reads the request's outer framing itself and recognises a series it has seen by the
 bytes of its labels (a keyed 64-bit hash of them), so a known series costs a hash and the decoding of its one
-sample. A series seen for the first time, or framed otherwise (several samples, fields in another order), is decoded
-by the protobuf runtime. ``bench_remote_write.py`` measures both.
+sample. The hash is Python's own (SipHash, keyed at random per process, so a sender cannot aim at a collision);
+that two of a million series collide is a chance of about one in 3 x 10^7 per process, and the store keeps only the
+hash, not a copy of every series' labels (hundreds of megabytes at 5,000 nodes). A series seen for the first time,
+or framed otherwise (several samples, fields in another order), is decoded by the protobuf runtime.
+``bench_remote_write.py`` measures both.
 """
 
 from __future__ import annotations
