@@ -44,6 +44,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -278,7 +279,7 @@ class SampleStore:
         node, name = sys.intern(node), sys.intern(name)
         kept = {label: sys.intern(labels[label]) for label in self._kept if label in labels}
         # The series of one device share one labels object: less memory, and build_snapshot reads it once.
-        kept = self._shared.setdefault(tuple(part for pair in kept.items() for part in pair), kept)
+        kept = self._shared.setdefault(tuple(chain.from_iterable(kept.items())), kept)
         return [node, ident, name, kept, math.nan, -1, False]
 
     def decode(self, data: bytes) -> list[tuple[list[Any], float, int]]:
@@ -297,6 +298,9 @@ class SampleStore:
                 length = data[pos] if pos < end_of_data else 0x80
                 if length < 0x80:
                     pos += 1
+                elif pos + 1 < end_of_data and data[pos + 1] < 0x80:  # a series of 128 bytes to 16 KiB: the usual
+                    length = length & 0x7F | data[pos + 1] << 7
+                    pos += 2
                 else:
                     length, pos = _varint(data, pos)
                 end = pos + length
