@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 
-.PHONY: help varref venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-controller pytest-extender faults mutation bench-mig bench-mig-advice bench-extender bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
+.PHONY: help varref venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-controller pytest-extender faults mutation bench-mig bench-mig-advice bench-extender bench-remote-write bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on a simulated fleet: INVENTORY=<dir>, Hong Kong's by default"
@@ -219,6 +219,13 @@ bench-mig-advice: venv collection-link
 
 bench-extender: venv
 	python extender/benchmarks/bench_extender.py
+
+# METRICS_SOURCE=push: the remote-write receiver's CPU per sample and per scrape interval at 1,000 and 5,000 nodes
+# (x 8 GPUs x 3 and 7 MIG instances, dcgm-exporter's labels, requests of 2,000 and 10,000 samples), beside the pull
+# form's decode and build of the same fleet. A few minutes; RW_NODES=1000 for one size.
+RW_NODES ?= 1000,5000
+bench-remote-write: venv
+	python extender/benchmarks/bench_remote_write.py --nodes $(RW_NODES)
 
 # The real kube-scheduler's pods/s without the extender, with it (KUBE_API on, as deployed) and with the GPUScore
 # plugin, side by side; minutes at the default size. NODES=5000 for the large fleet.

@@ -8,7 +8,7 @@ get ``DCGM_FI_DEV_GPU_UTIL`` (percent); MIG instances carry ``GPU_I_PROFILE``/``
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 H100_MODEL = "NVIDIA H100 80GB HBM3"
@@ -34,7 +34,8 @@ class DeviceLoad:
     mig_instance: int | None = None  # GPU_I_ID
 
 
-def _labels(node: str, device: DeviceLoad, host_label: str) -> str:
+def label_pairs(node: str, device: DeviceLoad, host_label: str) -> list[tuple[str, str]]:
+    """dcgm-exporter's own labels of a device's series, in its order."""
     pairs = [
         ("gpu", str(device.gpu)),
         ("UUID", f"GPU-{zlib.crc32(node.encode()):08x}-0000-4000-8000-{device.gpu:012x}"),
@@ -46,7 +47,58 @@ def _labels(node: str, device: DeviceLoad, host_label: str) -> str:
         pairs += [("GPU_I_PROFILE", device.mig_profile), ("GPU_I_ID", str(device.mig_instance or 0))]
     pairs.append((host_label, node))
     pairs.append(("DCGM_FI_DRIVER_VERSION", "550.54.15"))
-    return ",".join(f'{key}="{value}"' for key, value in pairs)
+    return pairs
+
+
+def _labels(node: str, device: DeviceLoad, host_label: str) -> str:
+    return ",".join(f'{key}="{value}"' for key, value in label_pairs(node, device, host_label))
+
+
+def device_values(device: DeviceLoad) -> dict[str, float]:
+    """The series values of one device as the exporter reports them: metric name -> value."""
+    free = max(0.0, device.mem_total_mib - device.mem_used_mib)
+    util = (
+        {"DCGM_FI_DEV_GPU_UTIL": float(round(device.util * 100))}
+        if device.mig_profile is None
+        else {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(device.util, 6)}
+    )
+    return {**util, "DCGM_FI_DEV_FB_FREE": float(round(free)), "DCGM_FI_DEV_FB_USED": float(round(device.mem_used_mib))}
+
+
+def remote_write_series(
+    nodes: Mapping[str, Iterable[DeviceLoad]],
+    timestamp_ms: int,
+    host_label: str = "Hostname",
+    job: str = "dcgm-exporter",
+    namespace: str = "gpufleet-node-agents",
+) -> list[tuple[dict[str, str], list[tuple[float, int]]]]:
+    """write_series as a list."""
+    return list(write_series(nodes.items(), timestamp_ms, host_label, job, namespace))
+
+
+def write_series(
+    nodes: Iterable[tuple[str, Iterable[DeviceLoad]]],
+    timestamp_ms: int,
+    host_label: str = "Hostname",
+    job: str = "dcgm-exporter",
+    namespace: str = "gpufleet-node-agents",
+) -> Iterator[tuple[dict[str, str], list[tuple[float, int]]]]:
+    """The series Prometheus remote-writes after scraping these exporters: the exporter's labels, the scrape's
+    target labels (job, instance, namespace, container, endpoint, service; not the exporter's own pod, which the
+    decision would count as a pod on the device), one sample each at ``timestamp_ms``."""
+    for index, (node, devices) in enumerate(nodes):
+        target = {
+            "job": job,
+            "instance": f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}:9400",
+            "namespace": namespace,
+            "container": "exporter",
+            "endpoint": "metrics",
+            "service": "dcgm-exporter",
+        }
+        for device in devices:
+            labels = dict(label_pairs(node, device, host_label))
+            for name, value in device_values(device).items():
+                yield {"__name__": name, **labels, **target}, [(value, timestamp_ms)]
 
 
 def render_exposition(

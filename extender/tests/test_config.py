@@ -17,6 +17,7 @@ from gpufleet_extender.config import (
     SettingsError,
     check_settings,
     get_settings,
+    host_port,
     load_settings,
 )
 from gpufleet_extender.settings_contract import SETTINGS
@@ -72,7 +73,22 @@ def test_get_settings_reads_the_file_named_by_the_cli(tmp_path, monkeypatch):
         ({"GPU_UTIL_THRESHOLD": 1.5}, "GPU_UTIL_THRESHOLD: Input should be less than or equal to 1"),
         ({"GPU_UTIL_THRESHOLD": 0}, "GPU_UTIL_THRESHOLD: Input should be greater than 0"),
         ({"WEIGHT_GPU_UTIL": 0.5}, "WEIGHT_GPU_UTIL + WEIGHT_MEM_UTIL must be 1.0 (got 0.5 + 0.3 = 0.8)"),
-        ({"METRICS_SOURCE": "carrier-pigeon"}, "METRICS_SOURCE: Input should be 'prometheus' or 'file'"),
+        ({"METRICS_SOURCE": "carrier-pigeon"}, "METRICS_SOURCE: Input should be 'prometheus', 'push' or 'file'"),
+        (
+            {"METRICS_SOURCE": "push"},
+            "METRICS_SOURCE push needs REMOTE_WRITE_TOKEN_FILE (the bearer token remote-write senders must present)",
+        ),
+        (
+            {"REMOTE_WRITE_CERT_FILE": "/etc/tls/tls.crt"},
+            "REMOTE_WRITE_CERT_FILE and REMOTE_WRITE_KEY_FILE go together (both for https, neither for http)",
+        ),
+        (
+            {"REMOTE_WRITE_KEY_FILE": "/etc/tls/tls.key"},
+            "REMOTE_WRITE_CERT_FILE and REMOTE_WRITE_KEY_FILE go together (both for https, neither for http)",
+        ),
+        ({"REMOTE_WRITE_ADDRESS": "9402"}, 'REMOTE_WRITE_ADDRESS: must be host:port or :port (got "9402")'),
+        ({"REMOTE_WRITE_ADDRESS": ":0"}, 'port must be a number in [1, 65535] (got "0")'),
+        ({"REMOTE_WRITE_ADDRESS": "a b:9402"}, 'host "a b" is no host name or address'),
         ({"METRICS_SOURCE": "file"}, "METRICS_SOURCE=file needs METRICS_FILE"),
         ({"ON_MISSING_METRICS": "maybe"}, "ON_MISSING_METRICS: Input should be 'allow' or 'deny'"),
         ({"PROMETHEUS_URL": "prometheus:9090"}, "must start with http:// or https://"),
@@ -228,3 +244,16 @@ def test_serve_with_an_unusable_prometheus_ca_exits_2_with_the_reason(tmp_path, 
     monkeypatch.setenv("PROMETHEUS_CA_FILE", str(tmp_path / "missing.crt"))
     assert main(["serve", "--port", "0"]) == EXIT_BAD_SETTINGS
     assert f"cannot use PROMETHEUS_CA_FILE {tmp_path / 'missing.crt'}" in capsys.readouterr().err
+
+
+def test_push_settings_that_go_together_are_accepted():
+    settings = load_settings(
+        METRICS_SOURCE="push",
+        REMOTE_WRITE_TOKEN_FILE="/run/secrets/token",
+        REMOTE_WRITE_ADDRESS="127.0.0.1:19402",
+        REMOTE_WRITE_CERT_FILE="/etc/tls/tls.crt",
+        REMOTE_WRITE_KEY_FILE="/etc/tls/tls.key",
+    )
+    assert settings.METRICS_SOURCE is MetricsSourceKind.PUSH
+    assert host_port(settings.REMOTE_WRITE_ADDRESS) == ("127.0.0.1", 19402)
+    assert host_port(":9402") == ("", 9402) and host_port("[::1]:9402") == ("::1", 9402)

@@ -92,8 +92,9 @@ def test_vectors_cover_shared_resources_and_interference():
 
 def test_arg_names_cover_the_settings_that_change_decisions():
     # A new setting of the extender must get a plugin argument (or a reason here why it does not).
-    # FILTER_REASONS changes what the answer says, never what it decides.
-    not_for_the_plugin = {"METRICS_SOURCE", "METRICS_FILE", "MAX_BODY_BYTES", "KUBE_API", "FILTER_REASONS"}
+    # FILTER_REASONS changes what the answer says, never what it decides. METRICS_SOURCE is GPUScore's too
+    # (metricsSource: prometheus or push); its lab-only value file and METRICS_FILE are not.
+    not_for_the_plugin = {"METRICS_FILE", "MAX_BODY_BYTES", "KUBE_API", "FILTER_REASONS"}
     # Every rule that changes a decision is GPUScore's too: no setting of the extender is left out of the vectors.
     assert set(conformance.ARG_NAMES) == set(conformance.Settings.model_fields) - not_for_the_plugin
 

@@ -90,6 +90,11 @@ def test_every_argument_has_the_json_type_of_its_go_field():
         "onMissingMetrics",
         "scoringStrategy",
         "prometheusQuery",
+        "metricsSource",
+        "remoteWriteAddress",
+        "remoteWriteTokenFile",
+        "remoteWriteCertFile",
+        "remoteWriteKeyFile",
     }
     for arg in ARG_NAMES.values():
         kind = kinds.get(arg, "a string" if arg in strings else "a number")
@@ -123,6 +128,21 @@ def test_the_argument_names_are_the_plugins():
     source = (Path(__file__).resolve().parents[2] / "k8s" / "gpuscore" / "args_types.go").read_text(encoding="utf-8")
     struct = source[source.index("type Args struct {") : source.index("\n}\n", source.index("type Args struct {"))]
     assert set(re.findall(r'`json:"(\w+)"`', struct)) == set(ARG_NAMES.values())
+
+
+def test_the_push_source_args_as_the_plugin_reads_them():
+    # The lab's METRICS_SOURCE=file is the extender's alone: the plugin takes prometheus or push.
+    assert check_plugin_args({"metricsSource": "file"}) == ['metricsSource: must be prometheus or push (got "file")']
+    assert check_plugin_args({"metricsSource": "push"}) == [
+        "metricsSource push needs remoteWriteTokenFile (the bearer token remote-write senders must present)"
+    ]
+    assert check_plugin_args({"metricsSource": "push", "remoteWriteTokenFile": "/etc/t/token"}) == []
+    assert check_plugin_args({"remoteWriteCertFile": "/etc/tls/tls.crt"}) == [
+        "remoteWriteCertFile and remoteWriteKeyFile go together (both for https, neither for http)"
+    ]
+    assert check_plugin_args({"remoteWriteAddress": "9402"}) == [
+        'remoteWriteAddress: must be host:port or :port (got "9402")'
+    ]
 
 
 def test_the_prometheus_ca_and_token_files_as_the_plugin_reads_them():

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from gpufleet_extender import settings_contract
-from gpufleet_extender.config import Settings
+from gpufleet_extender.config import LAB_ONLY_CHOICES, Settings
 from gpufleet_extender.plugin_args import ARG_NAMES
 from gpufleet_extender.scoring import Policy
 from gpufleet_extender.settings_contract import Setting
@@ -199,7 +199,10 @@ def test_the_extender_reads_the_contract():
         value = getattr(settings, setting.name)
         if setting.type == "choice":
             assert issubclass(field.annotation, enum.Enum), setting.name
-            assert [m.value for m in field.annotation] == list(setting.choices), setting.name
+            # The contract's choices, then those the extender alone takes for the lab (METRICS_SOURCE=file), named
+            # one by one in config.LAB_ONLY_CHOICES.
+            extra = list(LAB_ONLY_CHOICES.get(setting.name, ()))
+            assert [m.value for m in field.annotation] == list(setting.choices) + extra, setting.name
             assert value == setting.default, setting.name
         elif setting.type == "strings":
             assert field.annotation == tuple[str, ...] and list(value) == setting.default, setting.name
@@ -214,6 +217,12 @@ def test_the_extender_reads_the_contract():
         CONTRACT["GPU_UTIL_THRESHOLD"].default,
         CONTRACT["PACK_TARGET_UTIL"].default,
     )
+
+
+def test_the_lab_only_choices_are_few_and_named():
+    # The one value beyond the contract: the lab's exposition file, which GPUScore does not read.
+    assert LAB_ONLY_CHOICES == {"METRICS_SOURCE": ("file",)}
+    assert not set(LAB_ONLY_CHOICES["METRICS_SOURCE"]) & set(CONTRACT["METRICS_SOURCE"].choices)
 
 
 def test_the_extender_refuses_what_the_contract_refuses():

@@ -37,7 +37,51 @@ log = logging.getLogger(__name__)
 FIRST_SNAPSHOT_WAIT_SECONDS = 0.05
 
 
-def build_source(settings: Settings) -> MetricsSource:
+# METRICS_SOURCE=push refreshes the snapshot this often at least: a pushed sample reaches the decision within it.
+PUSH_REFRESH_SECONDS = 1.0
+
+
+def build_push_source(settings: Settings, telemetry: Telemetry) -> MetricsSource:
+    """The remote-write store, its receiver and the source reading it (the listener opens in the app's lifespan).
+    Imported here: the pull form's server loads neither protobuf nor snappy."""
+    from gpufleet_extender.remote_write import (
+        REFUSAL_REASONS,
+        PushSource,
+        Receiver,
+        SampleStore,
+        TokenFile,
+        WriteResult,
+        listen,
+    )
+
+    assert settings.REMOTE_WRITE_TOKEN_FILE is not None  # Settings refuses METRICS_SOURCE=push without it
+    store = SampleStore(settings.NODE_NAME_LABELS, settings.EXPORTER_JOB, settings.EXPORTER_NAMESPACE)
+    for reason in REFUSAL_REASONS:
+        telemetry.remote_write_refused.labels(reason)
+
+    def written(result: WriteResult) -> None:
+        telemetry.remote_write_samples.inc(result.accepted)
+        telemetry.remote_write_out_of_order.inc(result.out_of_order)
+
+    receiver = Receiver(
+        store,
+        TokenFile(settings.REMOTE_WRITE_TOKEN_FILE),
+        on_refused=lambda reason: telemetry.remote_write_refused.labels(reason).inc(),
+        on_written=written,
+    )
+    return PushSource(
+        store,
+        settings.NODE_NAME_LABELS,
+        max_skew=settings.METRICS_MAX_CLOCK_SKEW_SECONDS,
+        listener=listen(
+            receiver, settings.REMOTE_WRITE_ADDRESS, settings.REMOTE_WRITE_CERT_FILE, settings.REMOTE_WRITE_KEY_FILE
+        ),
+    )
+
+
+def build_source(settings: Settings, telemetry: Telemetry | None = None) -> MetricsSource:
+    if settings.METRICS_SOURCE is MetricsSourceKind.PUSH:
+        return build_push_source(settings, telemetry or Telemetry())
     if settings.METRICS_SOURCE is MetricsSourceKind.FILE:
         assert settings.METRICS_FILE is not None  # Settings refuses METRICS_SOURCE=file without METRICS_FILE
         return FileSource(
@@ -64,8 +108,8 @@ def create_app(
 ) -> FastAPI:
     """Build the app. ``cluster`` given: use it as is (tests feed it); else watch the API when configured."""
     settings = settings or get_settings()
-    source = source or build_source(settings)
     telemetry = Telemetry()
+    source = source or build_source(settings, telemetry)
     extenders: list[Extender] = []  # the lifespan's, once it runs
     warmed = {"version": -1}
     warm_tasks: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps only weak references)
@@ -84,9 +128,12 @@ def create_app(
             warm_tasks.add(task)
             task.add_done_callback(warm_tasks.discard)
 
+    refresh_seconds = settings.METRICS_REFRESH_SECONDS
+    if settings.METRICS_SOURCE is MetricsSourceKind.PUSH:
+        refresh_seconds = min(refresh_seconds, PUSH_REFRESH_SECONDS)
     refresher = SnapshotRefresher(
         source,
-        settings.METRICS_REFRESH_SECONDS,
+        refresh_seconds,
         on_error=lambda name: telemetry.source_errors.labels(name).inc(),
         on_update=on_update,
         on_fault=lambda name, fault, count: telemetry.metrics_faults.labels(name, fault).inc(count),
@@ -94,6 +141,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        start = getattr(source, "start", None)
+        if start is not None:  # the push source's receiver listens from here on
+            await start()
         watcher = None
         state = cluster
         if state is None and watch_cluster:
@@ -156,4 +206,5 @@ def create_app(
     )
     app.include_router(scheduler.router)
     app.include_router(health.router)
+    app.state.refresher = refresher  # the current snapshot, for tests and tools in the same process
     return app

@@ -98,8 +98,13 @@ def go_quote(text: str) -> str:
 
 
 class MetricsSourceKind(StrEnum):
-    PROMETHEUS = "prometheus"
-    FILE = "file"
+    PROMETHEUS = "prometheus"  # queried every METRICS_REFRESH_SECONDS
+    PUSH = "push"  # Prometheus' remote write to the receiver on REMOTE_WRITE_ADDRESS (remote_write.py)
+    FILE = "file"  # the lab's exposition file; the extender's only, so not in the settings contract (LAB_ONLY_CHOICES)
+
+
+# Values the extender takes beyond the settings contract's choices: the lab's, which GPUScore has no use for.
+LAB_ONLY_CHOICES = {"METRICS_SOURCE": (MetricsSourceKind.FILE.value,)}
 
 
 class PrometheusQuery(StrEnum):
@@ -154,8 +159,15 @@ class Settings(BaseSettings):
     MEM_UTIL_THRESHOLD: Annotated[float, _bounds("MEM_UTIL_THRESHOLD")] = _default("MEM_UTIL_THRESHOLD")
     WEIGHT_GPU_UTIL: Annotated[float, _bounds("WEIGHT_GPU_UTIL")] = _default("WEIGHT_GPU_UTIL")
     WEIGHT_MEM_UTIL: Annotated[float, _bounds("WEIGHT_MEM_UTIL")] = _default("WEIGHT_MEM_UTIL")
-    METRICS_SOURCE: MetricsSourceKind = MetricsSourceKind.PROMETHEUS
+    METRICS_SOURCE: MetricsSourceKind = MetricsSourceKind(_default("METRICS_SOURCE"))
     METRICS_FILE: Path | None = None
+    # push: the remote-write receiver's own listener (host:port, no host: every interface), apart from the port
+    # kube-scheduler calls; the bearer token senders must present (re-read when the file changes); https with the
+    # certificate and key pair (neither: plain http).
+    REMOTE_WRITE_ADDRESS: str = _default("REMOTE_WRITE_ADDRESS")
+    REMOTE_WRITE_TOKEN_FILE: Path | None = _default("REMOTE_WRITE_TOKEN_FILE")
+    REMOTE_WRITE_CERT_FILE: Path | None = _default("REMOTE_WRITE_CERT_FILE")
+    REMOTE_WRITE_KEY_FILE: Path | None = _default("REMOTE_WRITE_KEY_FILE")
     METRICS_REFRESH_SECONDS: Annotated[float, _bounds("METRICS_REFRESH_SECONDS")] = _default("METRICS_REFRESH_SECONDS")
     # 0 turns staleness off (a static METRICS_FILE stays valid for ever).
     METRICS_MAX_AGE_SECONDS: Annotated[float, _bounds("METRICS_MAX_AGE_SECONDS")] = _default("METRICS_MAX_AGE_SECONDS")
@@ -237,6 +249,12 @@ class Settings(BaseSettings):
             raise ValueError(f"must start with http:// or https:// (got {go_quote(value)})")
         return value.rstrip("/")
 
+    @field_validator("REMOTE_WRITE_ADDRESS")
+    @classmethod
+    def _listen_address(cls, value: str) -> str:
+        host_port(value)
+        return value
+
     @model_validator(mode="wrap")
     @classmethod
     def _every_problem(cls, data: Any, handler: Callable[[Any], Settings]) -> Settings:
@@ -315,6 +333,38 @@ def _file_source_has_file(v: Mapping[str, Any], name: Name) -> str | None:
     return None
 
 
+def _push_needs_token(v: Mapping[str, Any], name: Name) -> str | None:
+    if v["METRICS_SOURCE"] == MetricsSourceKind.PUSH and v["REMOTE_WRITE_TOKEN_FILE"] is None:
+        return (
+            f"{name('METRICS_SOURCE')} push needs {name('REMOTE_WRITE_TOKEN_FILE')} (the bearer token remote-write "
+            "senders must present)"
+        )
+    return None
+
+
+def _tls_pair(v: Mapping[str, Any], name: Name) -> str | None:
+    if (v["REMOTE_WRITE_CERT_FILE"] is None) == (v["REMOTE_WRITE_KEY_FILE"] is None):
+        return None
+    return (
+        f"{name('REMOTE_WRITE_CERT_FILE')} and {name('REMOTE_WRITE_KEY_FILE')} go together (both for https, neither "
+        "for http)"
+    )
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """REMOTE_WRITE_ADDRESS as (host, port): ``host:port``, ``[v6]:port`` or ``:port`` (host "": every interface).
+    Raises ValueError with the same words as GPUScore's remoteWriteAddress check."""
+    host, sep, port = address.rpartition(":")
+    if not sep or (":" in host and not (host.startswith("[") and host.endswith("]"))):
+        raise ValueError(f"must be host:port or :port (got {go_quote(address)})")
+    host = host.removeprefix("[").removesuffix("]")
+    if not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
+        raise ValueError(f"port must be a number in [1, 65535] (got {go_quote(port)})")
+    if any(char in host for char in "/ "):
+        raise ValueError(f"host {go_quote(host)} is no host name or address")
+    return host, int(port)
+
+
 def _ca_needs_https(v: Mapping[str, Any], name: Name) -> str | None:
     if v["PROMETHEUS_CA_FILE"] is not None and not str(v["PROMETHEUS_URL"]).startswith("https://"):
         url = go_quote(v["PROMETHEUS_URL"])
@@ -328,6 +378,8 @@ RULES: tuple[tuple[tuple[str, ...], Callable[[Mapping[str, Any], Name], str | No
     (("SCORING_STRATEGY", "AUTO_PACK_BELOW", "AUTO_HYSTERESIS"), _auto_can_spread),
     (("METRICS_SOURCE", "METRICS_FILE"), _file_source_has_file),
     (("PROMETHEUS_URL", "PROMETHEUS_CA_FILE"), _ca_needs_https),
+    (("METRICS_SOURCE", "REMOTE_WRITE_TOKEN_FILE"), _push_needs_token),
+    (("REMOTE_WRITE_CERT_FILE", "REMOTE_WRITE_KEY_FILE"), _tls_pair),
 )
 
 

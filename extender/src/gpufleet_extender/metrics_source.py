@@ -125,20 +125,27 @@ def screen_samples(samples: Iterable[Sample], node_labels: tuple[str, ...], repo
     seen: set[tuple[Any, ...]] = set()
     duplicates = 0
     duplicate_nodes: set[str] = set()
+    # What the labels say, read once per labels object (a device's series often share one; build_snapshot says
+    # more); the memo holds the object, so that its id is not reused while the screening runs.
+    read: dict[int, tuple[Mapping[str, str], str | None, str, str]] = {}
     for sample in samples:
-        node = node_name_of(sample.labels, node_labels)
+        labels = sample.labels
+        known = read.get(id(labels))
+        if known is None or known[0] is not labels:
+            known = read[id(labels)] = (
+                labels,
+                node_name_of(labels, node_labels),
+                labels.get("gpu") or labels.get("UUID") or "",
+                labels.get("GPU_I_ID", ""),
+            )
+        _, node, device, instance = known
         if node is None:
             continue
         low, high = _VALID_RANGE.get(sample.name, (-math.inf, math.inf))
         if not (low <= sample.value <= high):  # also NaN
             bad_nodes.add(node)
             bad_count += 1
-        key = (
-            sample.name,
-            node,
-            sample.labels.get("gpu") or sample.labels.get("UUID") or "",
-            sample.labels.get("GPU_I_ID", ""),
-        )
+        key = (sample.name, node, device, instance)
         if key in seen:
             duplicates += 1
             duplicate_nodes.add(node)

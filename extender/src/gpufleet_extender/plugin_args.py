@@ -19,6 +19,7 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import ValidationError
 
 from gpufleet_extender.config import (
+    LAB_ONLY_CHOICES,
     MAX_REPLICAS,
     MappingOnlySettings,
     Settings,
@@ -90,6 +91,8 @@ def _decoded(args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             problems.append(f"{arg}: must be {kind}")
         elif value == "" and setting in UNSET_WHEN_EMPTY:
             continue
+        elif value in LAB_ONLY_CHOICES.get(setting, ()):
+            problems.append(f"{arg}: must be {_choices(setting)} (got {go_quote(value)})")
         else:
             values[setting] = value
     return values, problems
@@ -117,7 +120,8 @@ def _bound(value: Any) -> str:
 def _choices(setting: str) -> str:
     annotation = Settings.model_fields[setting].annotation
     assert isinstance(annotation, type) and issubclass(annotation, Enum)
-    values = [str(member.value) for member in annotation]
+    lab_only = LAB_ONLY_CHOICES.get(setting, ())  # the extender's alone (METRICS_SOURCE=file): not the plugin's
+    values = [str(member.value) for member in annotation if member.value not in lab_only]
     return ", ".join(values[:-1]) + " or " + values[-1]
 
 

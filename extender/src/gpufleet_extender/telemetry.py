@@ -84,6 +84,22 @@ class Telemetry:
             ["kind", "status"],
             registry=self.registry,
         )
+        self.remote_write_refused = Counter(
+            "gpufleet_extender_remote_write_refused_total",
+            "Remote writes refused whole, per reason (malformed, too_large, unauthenticated, unsupported_media).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.remote_write_samples = Counter(
+            "gpufleet_extender_remote_write_samples_total",
+            "Samples of the series the decision reads that remote writes delivered and the store took.",
+            registry=self.registry,
+        )
+        self.remote_write_out_of_order = Counter(
+            "gpufleet_extender_remote_write_out_of_order_total",
+            "Samples of remote writes older than the sample held for their series: ignored.",
+            registry=self.registry,
+        )
 
         self.scoring_strategy = Gauge(
             "gpufleet_extender_scoring_strategy",
