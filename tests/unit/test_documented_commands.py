@@ -303,7 +303,9 @@ def _check_kubectl_read(args: list[str], block: Block, command: str) -> None:
     for flag in ("-n", "--namespace"):
         if flag in args:
             namespace = args[args.index(flag) + 1]
+            fleet = yaml.safe_load((ROLES / "gpufleet" / "defaults" / "main.yml").read_text())
             known = set(re.findall(r"default\('([a-z0-9-]+)'\)", text)) | {"kube-system", "monitoring"}
+            known |= {fleet["gpufleet_namespace"], fleet["gpufleet_node_agents_namespace"]}
             tenants = yaml.safe_load((REPO / "inventories/hongkong/group_vars/all/fleet.yml").read_text())
             known |= {n for tenant in tenants["gpufleet_tenants"].values() for n in tenant.get("namespaces", [])}
             assert namespace in known, f"{block}: {command}: no role deploys into namespace {namespace}"
