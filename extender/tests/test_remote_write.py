@@ -192,6 +192,13 @@ def test_refused_writes_count_their_reason_and_leave_the_snapshot_as_it_was(rece
     assert all(after.nodes[name] is before[name] for name in before)  # not even rebuilt: nothing changed
 
 
+def test_another_method_is_refused_and_counted_as_gpuscore_counts_it(receiver):
+    counted = receiver.counter("gpufleet_extender_remote_write_refused_total", reason="method")
+    answer = receiver.http.get(receiver.url, headers={"Authorization": HEADERS["Authorization"]})
+    assert answer.status_code == 405
+    assert receiver.counter("gpufleet_extender_remote_write_refused_total", reason="method") == counted + 1
+
+
 def test_a_malformed_series_refuses_the_whole_write(receiver):
     # Good series first, then one without a name: none of it is applied.
     good = remote_write_series(FLEET, now_ms())

@@ -88,8 +88,10 @@ MALFORMED = "malformed"
 TOO_LARGE = "too_large"
 UNAUTHENTICATED = "unauthenticated"
 UNSUPPORTED_MEDIA = "unsupported_media"
-REFUSAL_REASONS = (MALFORMED, TOO_LARGE, UNAUTHENTICATED, UNSUPPORTED_MEDIA)
-_STATUS = {MALFORMED: 400, TOO_LARGE: 413, UNAUTHENTICATED: 401, UNSUPPORTED_MEDIA: 415}
+METHOD = "method"
+INTERNAL = "internal"  # a bug of the receiver's: answered 500, logged with its traceback
+REFUSAL_REASONS = (MALFORMED, TOO_LARGE, UNAUTHENTICATED, UNSUPPORTED_MEDIA, METHOD, INTERNAL)
+_STATUS = {MALFORMED: 400, TOO_LARGE: 413, UNAUTHENTICATED: 401, UNSUPPORTED_MEDIA: 415, METHOD: 405, INTERNAL: 500}
 
 
 class Refused(Exception):
@@ -620,6 +622,7 @@ class Receiver:
             status, body = exc.status, (str(exc) + "\n").encode()
         except Exception:  # a bug: logged here with its traceback, never sent to the sender
             log.exception("remote write failed")
+            self._on_refused(INTERNAL)
             status, body = 500, b"internal error\n"
         headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -634,7 +637,7 @@ class Receiver:
         if expected is None or not hmac.compare_digest(given, expected):
             raise Refused(UNAUTHENTICATED, "no bearer token" if not given else "wrong bearer token")
         if scope["method"] != "POST":
-            return 405
+            raise Refused(METHOD, f"method {scope['method']}, not POST")
         problem = _media_problem(headers)
         if problem:
             raise Refused(UNSUPPORTED_MEDIA, problem)

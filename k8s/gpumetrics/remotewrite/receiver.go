@@ -44,19 +44,20 @@ const (
 // maxBodyBytes bounds the body as sent: the largest snappy block of MaxDecodedBytes.
 var maxBodyBytes = snappy.MaxEncodedLen(MaxDecodedBytes)
 
-// The reasons of refusal (remote_write_refused_total's reason label).
+// The reasons of refusal (remote_write_refused_total's reason label), the extender's words (remote_write.py):
+// the log line says which check refused.
 const (
-	reasonUnauthorized    = "unauthorized"
-	reasonTokenFile       = "token_file"
+	reasonUnauthorized    = "unauthenticated"
+	reasonTokenFile       = "unauthenticated"
 	reasonMethod          = "method"
-	reasonContentType     = "content_type"
-	reasonContentEncoding = "content_encoding"
+	reasonContentType     = "unsupported_media"
+	reasonContentEncoding = "unsupported_media"
 	reasonTooLarge        = "too_large"
-	reasonBody            = "body"
-	reasonSnappy          = "snappy"
-	reasonProtobuf        = "protobuf"
-	reasonNoName          = "no_name"
-	reasonPanic           = "panic"
+	reasonBody            = "malformed"
+	reasonSnappy          = "malformed"
+	reasonProtobuf        = "malformed"
+	reasonNoName          = "malformed"
+	reasonPanic           = "internal"
 )
 
 var (
@@ -64,7 +65,7 @@ var (
 		Namespace:      "gpufleet",
 		Subsystem:      "gpuscore",
 		Name:           "remote_write_refused_total",
-		Help:           "Remote-write requests GPUScore's receiver refused, by reason (unauthorized, token_file, method, content_type, content_encoding, too_large, body, snappy, protobuf, no_name, panic).",
+		Help:           "Remote-write requests GPUScore's receiver refused, by reason (unauthenticated, method, unsupported_media, too_large, malformed, internal).",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"reason"})
 	samplesAccepted = metrics.NewCounter(&metrics.CounterOpts{
