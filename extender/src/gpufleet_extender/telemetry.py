@@ -86,7 +86,8 @@ class Telemetry:
         )
         self.remote_write_refused = Counter(
             "gpufleet_extender_remote_write_refused_total",
-            "Remote writes refused whole, per reason (malformed, too_large, unauthenticated, unsupported_media, method, internal).",
+            "Remote writes refused whole, per reason "
+            "(malformed, too_large, unauthenticated, unsupported_media, method, internal).",
             ["reason"],
             registry=self.registry,
         )
