@@ -27,6 +27,7 @@ func pushArgs(address, tokenFile, extra string) runtime.Object {
 // With metricsSource push, GPUScore and GPUClaimScore share one receiver and one Refresher, and a pushed sample
 // reaches the Refresher's view without any Prometheus query (prometheusURL points nowhere).
 func TestPushedSamplesReachTheSharedRefresher(t *testing.T) {
+	shortFirstSampleWait(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	free, err := net.Listen("tcp", "127.0.0.1:0")
@@ -102,5 +103,42 @@ func TestPushArgsProblemsStopTheScheduler(t *testing.T) {
 	_, _, err = StartMetrics(context.Background(), pushArgs("127.0.0.1:1", missing, fmt.Sprintf(`,"remoteWriteCertFile":%q,"remoteWriteKeyFile":%q`, missing+".crt", missing+".key")), "GPUScore")
 	if err == nil || !strings.Contains(err.Error(), "remoteWriteCertFile/remoteWriteKeyFile") {
 		t.Errorf("an unreadable TLS pair: %v", err)
+	}
+}
+
+// shortFirstSampleWait lets a test start receivers nothing sends to without waiting for a first sample.
+func shortFirstSampleWait(t *testing.T) {
+	wait, settle := pushFirstSampleWait, pushSettle
+	pushFirstSampleWait, pushSettle = 50*time.Millisecond, 0
+	t.Cleanup(func() { pushFirstSampleWait, pushSettle = wait, settle })
+}
+
+type sampler chan struct{}
+
+func (s sampler) FirstSample() <-chan struct{} { return s }
+
+// A scheduler started with push waits for the first pushed sample, and the rest of that scrape, before its first
+// pod; without any, it goes on after the wait (and says so), and a stopped scheduler does not wait.
+func TestTheFirstPodWaitsForTheFirstPushedSamples(t *testing.T) {
+	arrives := make(sampler)
+	go func() { time.Sleep(100 * time.Millisecond); close(arrives) }()
+	began := time.Now()
+	if !awaitFirstSamples(context.Background(), arrives, 10*time.Second, 200*time.Millisecond) {
+		t.Fatal("samples arrived, yet awaitFirstSamples says none did")
+	}
+	if took := time.Since(began); took < 300*time.Millisecond || took > 5*time.Second {
+		t.Errorf("returned after %v: the first sample (100 ms) and the settle (200 ms), not more", took)
+	}
+	began = time.Now()
+	if awaitFirstSamples(context.Background(), make(sampler), 150*time.Millisecond, time.Second) {
+		t.Fatal("no sample arrived, yet awaitFirstSamples says one did")
+	}
+	if took := time.Since(began); took < 150*time.Millisecond || took > 900*time.Millisecond {
+		t.Errorf("without samples it returned after %v, not after the 150 ms wait", took)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if awaitFirstSamples(ctx, make(sampler), 10*time.Second, time.Second) {
+		t.Fatal("a stopped scheduler waited for samples")
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/gpufleet/mig/k8s/gpuscore"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/klog/v2"
 )
 
 // One Refresher per distinct args in the process: GPUScore and GPUClaimScore in gpufleet-scheduler's profile read
@@ -40,6 +41,10 @@ func sharedRefresher(ctx context.Context, args gpuscore.Args, source Source) *Re
 		return r
 	}
 	r := NewRefresher(source, refreshEvery(args), args.Policy())
+	if pushed, ok := source.(firstSampler); ok {
+		// A receiver just started holds nothing: decisions would be blind until Prometheus' next send.
+		awaitFirstSamples(ctx, pushed, pushFirstSampleWait, pushSettle)
+	}
 	r.RefreshOnce(ctx) // one poll before the first pod, as the extender does before serving
 	go r.Run(ctx)
 	if key != nil {
@@ -69,6 +74,40 @@ func prometheusSourceFor(args gpuscore.Args) (*PrometheusSource, error) {
 // that received samples since the last one (and nothing when none did), so a pushed sample reaches decisions within
 // about a second of its arrival whatever metricsRefreshSeconds says.
 const pushRefreshEvery = time.Second
+
+// A scheduler started with metricsSource push waits before its first pod until its receiver has the fleet: up to
+// pushFirstSampleWait for the first pushed sample (about one scrape interval and Prometheus' send deadline), then
+// pushSettle for the rest of that scrape, which Prometheus sends in several requests.
+// (Variables for the tests, which start receivers nothing sends to.)
+var (
+	pushFirstSampleWait = 30 * time.Second
+	pushSettle          = 2 * time.Second
+)
+
+type firstSampler interface{ FirstSample() <-chan struct{} }
+
+// awaitFirstSamples returns once source has kept a sample and settle has passed since, after most wait, or when ctx
+// ends; it says which in the log.
+func awaitFirstSamples(ctx context.Context, source firstSampler, wait, settle time.Duration) bool {
+	klog.InfoS("GPUScore: waiting for the first pushed samples before scheduling", "atMost", wait)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-source.FirstSample():
+	case <-timer.C:
+		klog.Warningf("GPUScore: no pushed sample in %s: scheduling without metrics (onMissingMetrics decides) until "+
+			"Prometheus sends; check its remote_write entries for this receiver", wait)
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case <-time.After(settle):
+	case <-ctx.Done():
+	}
+	klog.InfoS("GPUScore: pushed samples received")
+	return true
+}
 
 // refreshEvery is how often the Refresher for args reads its source.
 func refreshEvery(args gpuscore.Args) time.Duration {

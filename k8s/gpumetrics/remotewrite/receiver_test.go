@@ -620,3 +620,27 @@ func TestWritesReadsAndDecisionsAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// FirstSample closes with the first kept sample: not with a refused write, nor with series a decision does not read.
+func TestFirstSampleClosesWithTheFirstKeptSample(t *testing.T) {
+	h := newHarness(t)
+	closed := func() bool {
+		select {
+		case <-h.source.FirstSample():
+			return true
+		default:
+			return false
+		}
+	}
+	ms := int64(h.now * 1000)
+	other := deviceSeries("node-a", 0, 1, 0.5, 10, 90, ms)[3:] // DCGM_FI_DEV_POWER_USAGE only
+	if status := h.post(body(other), nil); status != http.StatusNoContent || closed() {
+		t.Fatalf("a write of an unread series: status %d, FirstSample closed %v", status, closed())
+	}
+	if status := h.post(body(deviceSeries("node-a", 0, 1, 0.5, 10, 90, ms)), map[string]string{"Authorization": ""}); status != http.StatusUnauthorized || closed() {
+		t.Fatalf("a refused write: status %d, FirstSample closed %v", status, closed())
+	}
+	if status := h.post(body(deviceSeries("node-a", 0, 1, 0.5, 10, 90, ms)), nil); status != http.StatusNoContent || !closed() {
+		t.Fatalf("a kept sample: status %d, FirstSample closed %v", status, closed())
+	}
+}

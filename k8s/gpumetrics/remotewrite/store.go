@@ -32,6 +32,9 @@ type Store struct {
 	order []*nodeState // nodes in the order their first sample came
 	gen   uint64       // bumped by each change
 	key   []byte       // scratch: a series' key
+
+	firstSample     chan struct{} // closed when the first sample is kept
+	firstSampleOnce sync.Once
 }
 
 type nodeState struct {
@@ -58,13 +61,17 @@ func NewStore(nodeLabels []string, job, namespace string, maxSkew float64) *Stor
 		kept = kept[:maxNodeLabels]
 	}
 	return &Store{
-		filter:     filter{metrics: gpuscore.DCGMMetrics(), nodeLabels: kept, job: job, namespace: namespace},
-		nodeLabels: append([]string(nil), nodeLabels...),
-		maxSkew:    maxSkew,
-		now:        func() float64 { return float64(time.Now().UnixNano()) / 1e9 },
-		nodes:      map[string]*nodeState{},
+		filter:      filter{metrics: gpuscore.DCGMMetrics(), nodeLabels: kept, job: job, namespace: namespace},
+		nodeLabels:  append([]string(nil), nodeLabels...),
+		maxSkew:     maxSkew,
+		now:         func() float64 { return float64(time.Now().UnixNano()) / 1e9 },
+		nodes:       map[string]*nodeState{},
+		firstSample: make(chan struct{}),
 	}
 }
+
+// FirstSample is closed once the Store has kept a sample: until then a snapshot of it says nothing of the fleet.
+func (st *Store) FirstSample() <-chan struct{} { return st.firstSample }
 
 // applied is what one request did to the Store.
 type applied struct{ accepted, outOfOrder, removed int }
@@ -122,6 +129,9 @@ func (st *Store) apply(d *decoded) applied {
 	if result.accepted > 0 || result.removed > 0 {
 		st.gen = gen
 	}
+	if result.accepted > 0 {
+		st.firstSampleOnce.Do(func() { close(st.firstSample) })
+	}
 	return result
 }
 
@@ -168,6 +178,9 @@ type builtNode struct {
 
 // NewSource is a new reader of st.
 func (st *Store) NewSource() *Source { return &Source{store: st, built: map[string]builtNode{}} }
+
+// FirstSample is the Store's: closed once it has kept a sample.
+func (src *Source) FirstSample() <-chan struct{} { return src.store.FirstSample() }
 
 // Fetch is the snapshot numbered version of what the Store holds now, nil when nothing changed since the last
 // one: no sample arrived, no series expired, no node was left out as dated ahead. No network, and only the nodes

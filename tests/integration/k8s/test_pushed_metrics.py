@@ -76,14 +76,15 @@ def pushed(control_plane, core, tmp_path):
     entries = remote_write(targets, args["nodeNameLabels"], job=args["exporterJob"], namespace=EXPORTER_NAMESPACE)
     workdir = tmp_path / "prometheus"
     workdir.mkdir()
-    name = control_plane.start_scheduler(config, binary="gpufleet-scheduler", name=f"{SCHEDULER}-pushed")
-    try:
-        with FleetPrometheus(fleet, workdir, prometheus_binary, interval=SCRAPE, remote_write=entries) as url:
+    # Prometheus first: a scheduler started with push waits (up to 30 s) for the first pushed samples.
+    with FleetPrometheus(fleet, workdir, prometheus_binary, interval=SCRAPE, remote_write=entries) as url:
+        name = control_plane.start_scheduler(config, binary="gpufleet-scheduler", name=f"{SCHEDULER}-pushed")
+        try:
             yield name, fleet, url
-    finally:
-        control_plane.stop_component(name)
-        for node in NODES:
-            core.delete_node(node)
+        finally:
+            control_plane.stop_component(name)
+            for node in NODES:
+                core.delete_node(node)
 
 
 def remote_storage(url: str, name: str) -> float | None:
@@ -117,6 +118,7 @@ def test_pushed_load_keeps_a_burst_off_hot_nodes_and_follows_a_change(control_pl
     assert remote_storage(prometheus, "samples_failed_total") == 0
     log = control_plane.log_tail(scheduler, 4000)
     assert "GPUScore remote-write receiver listening" in log and "https=true" in log
+    assert "GPUScore: pushed samples received" in log  # before its first pod
     assert "remote write refused" not in log
     first = 60
     burst(core, namespace, 0, first)
