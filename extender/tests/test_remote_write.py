@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpufleet_extender import remote_write
 from gpufleet_extender.app import create_app
 from gpufleet_extender.config import load_settings
 from gpufleet_extender.errors import ExtenderError
@@ -108,6 +109,13 @@ def push_settings(tmp_path: Path, port: int, **overrides: Any) -> Any:
         **overrides,
     }
     return load_settings(**values)
+
+
+@pytest.fixture(autouse=True)
+def short_first_sample_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most tests look at a receiver before anything is pushed: its first snapshot waits a moment only."""
+    monkeypatch.setattr(remote_write, "FIRST_SAMPLE_WAIT_SECONDS", 0.1)
+    monkeypatch.setattr(remote_write, "FIRST_SAMPLE_SETTLE_SECONDS", 0.0)
 
 
 @pytest.fixture
@@ -400,3 +408,32 @@ def test_any_body_is_taken_or_refused(body):
         assert refused.reason in ("malformed", "too_large")
     finally:
         receiver.close()
+
+
+def test_a_new_receiver_is_loading_until_the_first_push_then_ready(tmp_path: Path):
+    # As GPUScore's first pod: the first snapshot waits for the first pushed sample (and the rest of its scrape), so
+    # a restarted replica stays out of its Service instead of deciding blind until Prometheus' next send.
+    from test_integration import start_extender, stop  # the real server: its lifespan as deployed
+
+    port = free_port()
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    env = {"METRICS_SOURCE": "push", "REMOTE_WRITE_ADDRESS": f"127.0.0.1:{port}", "REMOTE_WRITE_TOKEN_FILE": str(token)}
+    process, url = start_extender(env, tmp_path)
+    try:
+        time.sleep(1.0)
+        loading = httpx.get(f"{url}/readyz")
+        assert loading.status_code == 503 and loading.json()["loading"] is True
+        receiver = httpx.post(
+            f"http://127.0.0.1:{port}{WRITE_PATH}",
+            content=encode_write_request(remote_write_series(FLEET, now_ms())),
+            headers=HEADERS,
+        )
+        assert receiver.status_code == 204
+        deadline = time.monotonic() + 15
+        while (answer := httpx.get(f"{url}/readyz")).status_code != 200:
+            assert time.monotonic() < deadline, answer.json()
+            time.sleep(0.1)
+        assert answer.json()["metrics_age_seconds"] is not None
+    finally:
+        stop(process)

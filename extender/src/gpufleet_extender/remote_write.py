@@ -81,6 +81,10 @@ MAX_BODY_BYTES = MAX_DECODED_BYTES  # a snappy block of a WriteRequest is severa
 SERIES_LOOKBACK_SECONDS = 300.0
 # A node with samples of two scrapes at once (some of its series not written yet) is rebuilt after this long anyway.
 SETTLE_SECONDS = 5.0
+# A receiver just started waits this long at most for its first pushed sample (about one scrape interval and
+# Prometheus' send deadline), then this long for the rest of that scrape, before its first snapshot: GPUScore's too.
+FIRST_SAMPLE_WAIT_SECONDS = 30.0
+FIRST_SAMPLE_SETTLE_SECONDS = 2.0
 STALE_NAN_BITS = 0x7FF0000000000002
 
 # Refusal reasons: the ``reason`` label of gpufleet_extender_remote_write_refused_total, the same in GPUScore.
@@ -257,6 +261,7 @@ class SampleStore:
         self._shared: dict[tuple[str, ...], dict[str, str]] = {}  # a device's decision labels, one object
         self._changed: dict[str, float] = {}  # node -> when its first sample not yet in a snapshot came (monotonic)
         self._lock = threading.Lock()
+        self.first_sample = threading.Event()  # set once a sample is kept: until then the store knows no node
         self.max_cached = 4_000_000  # label caches beyond this are dropped and rebuilt (churning labels)
 
     @property
@@ -373,7 +378,10 @@ class SampleStore:
         """Decode a WriteRequest (``data``, snappy already undone) and apply it whole, or refuse it whole."""
         with self._lock:
             updates = self.decode(data)
-            return self._apply(updates)
+            result = self._apply(updates)
+        if result.accepted:
+            self.first_sample.set()
+        return result
 
     def _apply(self, updates: list[tuple[list[Any], float, int]]) -> WriteResult:
         result = WriteResult()
@@ -488,6 +496,8 @@ class PushSource:
             await stop()
 
     async def fetch(self, version: int) -> MetricsSnapshot | None:
+        if self._previous is EMPTY_SNAPSHOT and not self.store.first_sample.is_set():
+            await self._await_first_samples()
         now = self._clock()
         if now - self._swept >= SERIES_LOOKBACK_SECONDS / 10:
             self._swept = now
@@ -498,6 +508,20 @@ class PushSource:
         snapshot, self.report = await asyncio.to_thread(self._build, samples, changed, version)
         self._previous = snapshot
         return snapshot
+
+    async def _await_first_samples(self) -> None:
+        """A receiver just started knows no node: the first snapshot waits (``/readyz``: loading) for the first pushed
+        sample and the rest of that scrape, FIRST_SAMPLE_WAIT_SECONDS at most, as GPUScore's first pod does."""
+        log.info("waiting for the first pushed samples (%.0f s at most)", FIRST_SAMPLE_WAIT_SECONDS)
+        if await asyncio.to_thread(self.store.first_sample.wait, FIRST_SAMPLE_WAIT_SECONDS):
+            await asyncio.sleep(FIRST_SAMPLE_SETTLE_SECONDS)
+            log.info("pushed samples received")
+        else:
+            log.warning(
+                "no pushed sample in %.0f s: deciding without metrics (ON_MISSING_METRICS decides) until Prometheus "
+                "sends; check its remote_write entries for this receiver",
+                FIRST_SAMPLE_WAIT_SECONDS,
+            )
 
     def _build(
         self, by_node: Mapping[str, list[Sample]], changed: set[str], version: int
