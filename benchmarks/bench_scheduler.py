@@ -7,6 +7,7 @@ read one real Prometheus (Debian's package) scraping a fleet's dcgm-exporter ser
 tenth node hot (every instance at 0.95, above the 0.8 threshold).
 
     python3 benchmarks/bench_scheduler.py [--nodes 1000] [--pods 1000] [--modes bare,extender,plugin,bare]
+        [--metrics pull|push]
     make bench-scheduler [NODES=1000] [PODS=1000]
 
 One control plane (etcd, kube-apiserver from KUBE_ASSETS, default build/k8s/bin: `make k8s-assets`) holds N nodes,
@@ -18,6 +19,9 @@ into the benchmark's Prometheus as the roles deploy them, or the raw dcgm series
 rate is counted from the first binding to the last, so start-up and informer sync are not in it. The pods are then
 deleted and the next mode starts from the same empty fleet. A mode may be given more than once (bare before and
 after, the default).
+
+With --metrics push, Prometheus evaluates no rule and answers no query: it sends the extender's and GPUScore's
+receivers the four dcgm series as it scrapes them (the entries `gpufleet-extender remote-write-config` writes).
 
 Each mode prints the pods it bound to hot nodes. A load-aware mode that binds any there placed without its metrics
 (or ignored them): it is reported as BLIND, and no throughput ratio is printed for it. Its blindness signal
@@ -51,6 +55,7 @@ import yaml  # noqa: E402
 from controlplane import ControlPlane, ControlPlaneError, assets_dir, missing_assets  # noqa: E402
 from dcgm_fleet import EXPORTER_NAMESPACE, LAYOUTS, FleetPrometheus, make_fleet  # noqa: E402
 from gpufleet_extender.metrics_source import exporter_matchers, recording_rules  # noqa: E402
+from gpufleet_extender.push_config import PushTarget, remote_write  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import config as k8s_config  # noqa: E402
 from scheduling import (  # noqa: E402
@@ -62,6 +67,7 @@ from scheduling import (  # noqa: E402
     start_extender,
     stop_process,
 )
+from support import free_port  # noqa: E402
 
 POD_RESOURCE = "nvidia.com/mig-1g.10gb"
 ROLE_DEFAULTS = yaml.safe_load((REPO / "roles" / "gpu_extender" / "defaults" / "main.yml").read_text())
@@ -80,7 +86,12 @@ def pool_resources(pool: str) -> dict[str, str]:
 
 
 def scheduler_config(
-    mode: str, workdir: Path, urls: dict[str, str | None], timeout: float | None, query: str = "recorded"
+    mode: str,
+    workdir: Path,
+    urls: dict[str, str | None],
+    timeout: float | None,
+    query: str = "recorded",
+    push: dict[str, str] | None = None,
 ) -> tuple[dict, str]:
     """(KubeSchedulerConfiguration, binary) for a mode; its one profile is named bench-<mode>."""
     if mode == "bare":
@@ -104,6 +115,16 @@ def scheduler_config(
         }
         if timeout is not None:
             extra["gpu_extender_prometheus_timeout_seconds"] = timeout
+        if push:
+            # Pushed: the role's push args, its receiver on this machine over plain http (no mounted pair here).
+            extra["gpufleet_metrics_source"] = "push"
+            extra["kube_scheduler_plugin_extra_args"] = {
+                **extra["kube_scheduler_plugin_extra_args"],
+                "remoteWriteAddress": push["plugin"],
+                "remoteWriteTokenFile": push["token"],
+                "remoteWriteCertFile": "",
+                "remoteWriteKeyFile": "",
+            }
         config = rendered_scheduler_config(workdir / "render-plugin", kube_scheduler_mode="plugin", **extra)
         binary = "gpufleet-scheduler"
     config.setdefault("profiles", [{}])[0]["schedulerName"] = f"bench-{mode}"
@@ -183,11 +204,20 @@ def run_mode(
     pods = args.pods
     create_pods(core, namespace, [gpu_pod(f"p{i}", f"bench-{mode}", {POD_RESOURCE: "1"}) for i in range(pods)])
     bindings = BindingWatch(core, namespace)
-    config, binary = scheduler_config(mode, workdir, urls, args.prometheus_timeout, args.prometheus_query)
+    config, binary = scheduler_config(
+        mode,
+        workdir,
+        urls,
+        args.prometheus_timeout,
+        args.prometheus_query,
+        urls.get("push"),  # type: ignore[arg-type]
+    )
     name = f"scheduler-{mode}-{run}"
     extra = OPEN_METRICS if mode == "plugin" else ()
-    # GPUScore refreshes its metrics once before it serves: give that refresh its whole timeout.
-    ready_timeout = 60 + (args.prometheus_timeout or 0) if mode == "plugin" else 60
+    # GPUScore refreshes its metrics once before it serves (pushed: waits up to 30 s for the first samples).
+    ready_timeout = (
+        60 + (args.prometheus_timeout or 0) + (30 if args.metrics == "push" else 0) if mode == "plugin" else 60
+    )
     try:
         name = plane.start_scheduler(config, binary=binary, name=name, extra_args=extra, ready_timeout=ready_timeout)
     except ControlPlaneError as error:
@@ -234,6 +264,12 @@ def main() -> int:
         default="recorded",
         help="what both paths read: the recording rules' series (the roles' default) or the raw dcgm series",
     )
+    parser.add_argument(
+        "--metrics",
+        choices=("pull", "push"),
+        default="pull",
+        help="how both paths get the load: queried from Prometheus (pull) or sent by its remote write (push)",
+    )
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
@@ -271,8 +307,21 @@ def main() -> int:
         # Scraped and the rules evaluated every 10 s (the roles: 15 s), within the roles' 60 s
         # METRICS_MAX_AGE_SECONDS with a slow rule evaluation on a small machine.
         rules = recording_rules(("Hostname", "hostname"), exporter_matchers("dcgm-exporter", EXPORTER_NAMESPACE))
+        entries = None
+        if args.metrics == "push":
+            # Pushed: no rules; Prometheus sends each receiver (the extender's, GPUScore's) the four dcgm series.
+            token = workdir / "remote-write-token"
+            token.write_text("bench-token\n")
+            urls["push"] = {"extender": f"127.0.0.1:{free_port()}", "plugin": f"127.0.0.1:{free_port()}"}
+            urls["push"]["token"] = str(token)
+            targets = [
+                PushTarget(f"http://{urls['push'][who]}/api/v1/write", token_file=str(token))
+                for who in ("extender", "plugin")
+            ]
+            entries = remote_write(targets, ("Hostname", "hostname"), "dcgm-exporter", EXPORTER_NAMESPACE)
+        pulled = args.metrics == "pull" and args.prometheus_query == "recorded"
         scraping = (
-            FleetPrometheus(fleet, workdir, interval=10, rules=rules if args.prometheus_query == "recorded" else None)
+            FleetPrometheus(fleet, workdir, interval=10, rules=rules if pulled else None, remote_write=entries)
             if set(modes) - {"bare"}
             else contextlib.nullcontext()
         )
@@ -293,6 +342,10 @@ def main() -> int:
                     }
                     if args.prometheus_timeout is not None:
                         env["PROMETHEUS_TIMEOUT_SECONDS"] = str(args.prometheus_timeout)
+                    if args.metrics == "push":
+                        env["METRICS_SOURCE"] = "push"
+                        env["REMOTE_WRITE_ADDRESS"] = urls["push"]["extender"]  # type: ignore[index]
+                        env["REMOTE_WRITE_TOKEN_FILE"] = urls["push"]["token"]  # type: ignore[index]
                     extender, urls["extender"] = start_extender(workdir, env)
                 for run, mode in enumerate(modes):
                     before = handler_times(urls["extender"]) if mode == "extender" else {}

@@ -437,3 +437,28 @@ def test_a_new_receiver_is_loading_until_the_first_push_then_ready(tmp_path: Pat
         assert answer.json()["metrics_age_seconds"] is not None
     finally:
         stop(process)
+
+
+def test_the_first_snapshot_waits_until_no_new_node_comes(monkeypatch: pytest.MonkeyPatch):
+    # Prometheus catching up sends a scrape's nodes over seconds: the first snapshot holds them all, not the first few.
+    import asyncio
+    import threading
+
+    from gpufleet_extender.remote_write import PushSource
+
+    monkeypatch.setattr(remote_write, "FIRST_SAMPLE_WAIT_SECONDS", 20.0)
+    monkeypatch.setattr(remote_write, "FIRST_SAMPLE_SETTLE_SECONDS", 0.5)
+    store = SampleStore(("Hostname",))
+    nodes = {f"node-{i}": FLEET["node-a"] for i in range(6)}
+
+    def send() -> None:
+        for node, devices in nodes.items():
+            series = remote_write_series({node: devices}, now_ms())
+            store.write(b"".join(series_field(labels, samples) for labels, samples in series))
+            time.sleep(0.2)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    snapshot = asyncio.run(PushSource(store, ("Hostname",)).fetch(1))
+    sender.join()
+    assert snapshot is not None and set(snapshot.nodes) == set(nodes)

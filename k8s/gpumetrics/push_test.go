@@ -116,6 +116,18 @@ func shortFirstSampleWait(t *testing.T) {
 type sampler chan struct{}
 
 func (s sampler) FirstSample() <-chan struct{} { return s }
+func (s sampler) Nodes() int                   { return 1 }
+
+// arriving is a source whose nodes come in one by one, every `every`, up to `total`.
+type arriving struct {
+	first chan struct{}
+	began time.Time
+	every time.Duration
+	total int
+}
+
+func (a *arriving) FirstSample() <-chan struct{} { return a.first }
+func (a *arriving) Nodes() int                   { return min(a.total, 1+int(time.Since(a.began)/a.every)) }
 
 // A scheduler started with push waits for the first pushed sample, and the rest of that scrape, before its first
 // pod; without any, it goes on after the wait (and says so), and a stopped scheduler does not wait.
@@ -140,5 +152,14 @@ func TestTheFirstPodWaitsForTheFirstPushedSamples(t *testing.T) {
 	cancel()
 	if awaitFirstSamples(ctx, make(sampler), 10*time.Second, time.Second) {
 		t.Fatal("a stopped scheduler waited for samples")
+	}
+	// Nodes still coming (Prometheus catching up): the wait lasts until they stop, not a fixed settle after the first.
+	first := make(chan struct{})
+	close(first)
+	slow := &arriving{first: first, began: time.Now(), every: 150 * time.Millisecond, total: 6}
+	began = time.Now()
+	awaitFirstSamples(context.Background(), slow, 10*time.Second, 400*time.Millisecond)
+	if nodes, took := slow.Nodes(), time.Since(began); nodes != 6 || took < 5*150*time.Millisecond {
+		t.Errorf("returned after %v with %d of 6 nodes: before the last one came", took, nodes)
 	}
 }

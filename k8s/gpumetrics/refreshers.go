@@ -77,17 +77,22 @@ const pushRefreshEvery = time.Second
 
 // A scheduler started with metricsSource push waits before its first pod until its receiver has the fleet: up to
 // pushFirstSampleWait for the first pushed sample (about one scrape interval and Prometheus' send deadline), then
-// pushSettle for the rest of that scrape, which Prometheus sends in several requests.
+// until no new node has come for pushSettle (the rest of that scrape, which Prometheus sends in several requests,
+// and more slowly when it catches up on what it could not send before), within pushFirstSampleWait too. A node the
+// receiver has not heard of yet would be decided on as a node without metrics.
 // (Variables for the tests, which start receivers nothing sends to.)
 var (
 	pushFirstSampleWait = 30 * time.Second
 	pushSettle          = 2 * time.Second
 )
 
-type firstSampler interface{ FirstSample() <-chan struct{} }
+type firstSampler interface {
+	FirstSample() <-chan struct{}
+	Nodes() int
+}
 
-// awaitFirstSamples returns once source has kept a sample and settle has passed since, after most wait, or when ctx
-// ends; it says which in the log.
+// awaitFirstSamples returns once source has kept a sample and no new node has come for settle since, after at most
+// wait, or when ctx ends; it says which in the log.
 func awaitFirstSamples(ctx context.Context, source firstSampler, wait, settle time.Duration) bool {
 	klog.InfoS("GPUScore: waiting for the first pushed samples before scheduling", "atMost", wait)
 	timer := time.NewTimer(wait)
@@ -101,11 +106,23 @@ func awaitFirstSamples(ctx context.Context, source firstSampler, wait, settle ti
 	case <-ctx.Done():
 		return false
 	}
-	select {
-	case <-time.After(settle):
-	case <-ctx.Done():
+	tick := time.NewTicker(min(settle/4+time.Millisecond, 250*time.Millisecond))
+	defer tick.Stop()
+	nodes, steady := source.Nodes(), time.Now()
+	for time.Since(steady) < settle {
+		select {
+		case <-tick.C:
+			if now := source.Nodes(); now != nodes {
+				nodes, steady = now, time.Now()
+			}
+		case <-timer.C:
+			klog.Warningf("GPUScore: pushed samples still bring new nodes after %s (%d so far): scheduling now", wait, nodes)
+			return true
+		case <-ctx.Done():
+			return false
+		}
 	}
-	klog.InfoS("GPUScore: pushed samples received")
+	klog.InfoS("GPUScore: pushed samples received", "nodes", nodes)
 	return true
 }
 

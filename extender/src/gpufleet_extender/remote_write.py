@@ -82,7 +82,7 @@ SERIES_LOOKBACK_SECONDS = 300.0
 # A node with samples of two scrapes at once (some of its series not written yet) is rebuilt after this long anyway.
 SETTLE_SECONDS = 5.0
 # A receiver just started waits this long at most for its first pushed sample (about one scrape interval and
-# Prometheus' send deadline), then this long for the rest of that scrape, before its first snapshot: GPUScore's too.
+# Prometheus' send deadline), then until no new node has come for this long, before its first snapshot: as GPUScore.
 FIRST_SAMPLE_WAIT_SECONDS = 30.0
 FIRST_SAMPLE_SETTLE_SECONDS = 2.0
 STALE_NAN_BITS = 0x7FF0000000000002
@@ -455,6 +455,9 @@ class SampleStore:
     def empty(self) -> bool:
         return not self._nodes
 
+    def node_count(self) -> int:
+        return len(self._nodes)
+
 
 # --- the snapshot ----------------------------------------------------------------------------------------------------
 
@@ -474,6 +477,7 @@ class PushSource:
         clock: Callable[[], float] = time.time,
         max_skew: float = DEFAULT_MAX_CLOCK_SKEW,
         listener: Callable[[], Awaitable[Callable[[], Awaitable[None]]]] | None = None,
+        await_fleet: bool = True,
     ) -> None:
         self.store = store
         self._node_labels = node_labels
@@ -483,6 +487,7 @@ class PushSource:
         self._stop: Callable[[], Awaitable[None]] | None = None
         self._base: dict[str, NodeMetrics] = {}  # every node built, dated in the future or not
         self._previous = EMPTY_SNAPSHOT
+        self._awaited = not await_fleet  # False: the first fetch waits for the fleet (_await_first_samples)
         self._swept = clock()
         self.report: FetchReport | None = None
 
@@ -496,7 +501,8 @@ class PushSource:
             await stop()
 
     async def fetch(self, version: int) -> MetricsSnapshot | None:
-        if self._previous is EMPTY_SNAPSHOT and not self.store.first_sample.is_set():
+        if not self._awaited:  # the first snapshot: once the receiver has the fleet
+            self._awaited = True
             await self._await_first_samples()
         now = self._clock()
         if now - self._swept >= SERIES_LOOKBACK_SECONDS / 10:
@@ -513,9 +519,19 @@ class PushSource:
         """A receiver just started knows no node: the first snapshot waits (``/readyz``: loading) for the first pushed
         sample and the rest of that scrape, FIRST_SAMPLE_WAIT_SECONDS at most, as GPUScore's first pod does."""
         log.info("waiting for the first pushed samples (%.0f s at most)", FIRST_SAMPLE_WAIT_SECONDS)
+        began = time.monotonic()
         if await asyncio.to_thread(self.store.first_sample.wait, FIRST_SAMPLE_WAIT_SECONDS):
-            await asyncio.sleep(FIRST_SAMPLE_SETTLE_SECONDS)
-            log.info("pushed samples received")
+            # Then until no new node has come for the settle time: the rest of the scrape, which Prometheus sends in
+            # several requests (slowly when it catches up on what it could not send): a node not heard of yet would
+            # be decided on as a node without metrics.
+            nodes, steady = self.store.node_count(), time.monotonic()
+            while time.monotonic() - steady < FIRST_SAMPLE_SETTLE_SECONDS:
+                if time.monotonic() - began >= FIRST_SAMPLE_WAIT_SECONDS:
+                    break
+                await asyncio.sleep(min(0.25, FIRST_SAMPLE_SETTLE_SECONDS / 4 + 0.001))
+                if (count := self.store.node_count()) != nodes:
+                    nodes, steady = count, time.monotonic()
+            log.info("pushed samples received (%d nodes)", nodes)
         else:
             log.warning(
                 "no pushed sample in %.0f s: deciding without metrics (ON_MISSING_METRICS decides) until Prometheus "

@@ -73,6 +73,13 @@ func NewStore(nodeLabels []string, job, namespace string, maxSkew float64) *Stor
 // FirstSample is closed once the Store has kept a sample: until then a snapshot of it says nothing of the fleet.
 func (st *Store) FirstSample() <-chan struct{} { return st.firstSample }
 
+// Nodes is how many nodes the Store holds samples of.
+func (st *Store) Nodes() int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.nodes)
+}
+
 // applied is what one request did to the Store.
 type applied struct{ accepted, outOfOrder, removed int }
 
@@ -181,6 +188,9 @@ func (st *Store) NewSource() *Source { return &Source{store: st, built: map[stri
 
 // FirstSample is the Store's: closed once it has kept a sample.
 func (src *Source) FirstSample() <-chan struct{} { return src.store.FirstSample() }
+
+// Nodes is the Store's: how many nodes it holds samples of.
+func (src *Source) Nodes() int { return src.store.Nodes() }
 
 // Fetch is the snapshot numbered version of what the Store holds now, nil when nothing changed since the last
 // one: no sample arrived, no series expired, no node was left out as dated ahead. No network, and only the nodes
