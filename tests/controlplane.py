@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -50,6 +51,13 @@ def missing_assets(names: tuple[str, ...] = BINARIES) -> list[str]:
     """The binaries of `names` that are not executable in assets_dir()."""
     directory = assets_dir()
     return [name for name in names if not os.access(directory / name, os.X_OK)]
+
+
+def needs_assets(*names: str) -> pytest.MarkDecorator:
+    """Skip a test (module: in pytestmark) without these binaries in assets_dir()."""
+    return pytest.mark.skipif(
+        bool(missing_assets(names)), reason=f"no {', '.join(names)} in {assets_dir()}: run `make k8s-assets`"
+    )
 
 
 # --- PKI ---------------------------------------------------------------------------------------------------------

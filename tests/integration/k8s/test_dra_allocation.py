@@ -15,7 +15,7 @@ import time
 import pytest
 import yaml
 from conftest import ensure_namespace, wait_for
-from controlplane import assets_dir, missing_assets
+from controlplane import needs_assets
 from dra_slices import DRIVER, dra_device_class, dra_placement, node_slices, replay_sequence
 from kubernetes import client as k8s
 from scheduling import rendered_scheduler_config
@@ -250,7 +250,7 @@ def gpufleet_config(tmp_path) -> dict:
     return config
 
 
-@pytest.mark.skipif(bool(missing_assets(("gpufleet-scheduler",))), reason=f"no gpufleet-scheduler in {assets_dir()}")
+@needs_assets("gpufleet-scheduler")
 def test_gpufleet_scheduler_halves_the_fragmentation_failures(
     control_plane, core, resource_api, stock_replay, tmp_path
 ):

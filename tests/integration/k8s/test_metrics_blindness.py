@@ -9,17 +9,14 @@ from __future__ import annotations
 import httpx
 import pytest
 from conftest import wait_for
-from controlplane import assets_dir, missing_assets
+from controlplane import needs_assets
 from dcgm_fleet import FleetPrometheus, SlowPrometheus, make_fleet
 from fake_prometheus import PROMETHEUS
 from scheduling import create_nodes, create_pods, gpu_pod, rendered_scheduler_config, start_extender, stop_process
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        bool(missing_assets(("gpufleet-scheduler",))),
-        reason=f"no gpufleet-scheduler in {assets_dir()}: run `make k8s-assets`",
-    ),
+    needs_assets("gpufleet-scheduler"),
     pytest.mark.skipif(not __import__("os").path.exists(PROMETHEUS), reason=f"no Prometheus at {PROMETHEUS}"),
 ]
 

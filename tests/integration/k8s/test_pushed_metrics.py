@@ -13,20 +13,14 @@ import time
 import httpx
 import pytest
 from conftest import wait_for
-from controlplane import assets_dir, missing_assets, serving_files
+from controlplane import needs_assets, serving_files
 from dcgm_fleet import EXPORTER_NAMESPACE, Fleet, FleetPrometheus
 from exposition import render_exposition
 from gpufleet_extender.push_config import PushTarget, remote_write
 from scheduling import MIG_RESOURCE, create_nodes, create_pods, gpu_pod, mig_devices, rendered_scheduler_config
 from support import free_port, require_tool
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        bool(missing_assets(("gpufleet-scheduler",))),
-        reason=f"no gpufleet-scheduler in {assets_dir()}: run `make k8s-assets`",
-    ),
-]
+pytestmark = [pytest.mark.integration, needs_assets("gpufleet-scheduler")]
 
 SCHEDULER = "gpufleet-scheduler"
 POOL = {"gpufleet.test/scheduling": "pushed"}

@@ -20,17 +20,11 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 from conftest import wait_for
-from controlplane import assets_dir, missing_assets, serving_files
+from controlplane import needs_assets, serving_files
 from gpufleet_extender.metrics_source import parse_exposition
 from scheduling import create_nodes, create_pods, gpu_pod, rendered_scheduler_config, write_mig_metrics
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        bool(missing_assets(("gpufleet-scheduler",))),
-        reason=f"no gpufleet-scheduler in {assets_dir()}: run `make k8s-assets`",
-    ),
-]
+pytestmark = [pytest.mark.integration, needs_assets("gpufleet-scheduler")]
 
 PROFILE = "1g.10gb"
 RESOURCE = f"nvidia.com/mig-{PROFILE}"
