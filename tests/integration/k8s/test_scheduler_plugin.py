@@ -14,7 +14,6 @@ import json
 import ssl
 import threading
 import time
-from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -70,7 +69,7 @@ class FakePrometheus:
             names = [f"clf-{index}-{i}" for i in range(holders[index])] or [""]
             for pod in names:
                 self.samples.append(
-                    replace(sample, labels={**labels, "pod": pod, "namespace": "finnlp" if pod else ""})
+                    sample._replace(labels={**labels, "pod": pod, "namespace": "finnlp" if pod else ""})
                 )
 
     def answer(self, query: str) -> list[dict]:

@@ -5,8 +5,6 @@ are exercised against ResourceSlices by the real kube-scheduler in tests/integra
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import yaml
 from conftest import REPO, load_manifests, render_roles, run_playbook, try_render, validate_manifests
@@ -206,6 +204,9 @@ def test_site_runs_the_driver_instead_of_the_device_plugin_in_dra_mode():
     plays = yaml.safe_load((REPO / "playbooks/site.yml").read_text())
     play = next(p for p in plays if any(r.get("role") == "gpufleet.mig.gpu_dra_driver" for r in p.get("roles", [])))
     conditions = {r["role"]: r.get("when") for r in play["roles"]}
-    assert json.dumps(conditions["gpufleet.mig.gpu_device_plugin"]).count("'device_plugin'") == 2
-    assert json.dumps(conditions["gpufleet.mig.gpu_dra_driver"]).endswith("== 'dra'\"")
+    assert conditions["gpufleet.mig.gpu_device_plugin"] == "gpufleet_gpu_allocation == 'device_plugin'"
+    assert conditions["gpufleet.mig.gpu_dra_driver"] == "gpufleet_gpu_allocation == 'dra'"
+    # Without a word in the inventory, the device plugin (roles/gpufleet, the fleet-wide defaults).
+    fleet = yaml.safe_load((REPO / "roles/gpufleet/defaults/main.yml").read_text())
+    assert fleet["gpufleet_gpu_allocation"] == "device_plugin"
     assert conditions["gpufleet.mig.dcgm_exporter"] is None
