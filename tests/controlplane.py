@@ -154,6 +154,15 @@ class Pki:
     def file(self, name: str) -> str:
         return str(self.directory / name)
 
+    def issue_server(self, stem: str, server_names: tuple[str, ...]) -> dict[str, Path]:
+        """A serving certificate for `server_names` signed by the cluster's CA (the one kube-root-ca.crt holds), as a
+        kubernetes.io/tls Secret holds it: {"ca.crt", "tls.crt", "tls.key"} -> files."""
+        ca_key = serialization.load_pem_private_key((self.directory / "ca.key").read_bytes(), password=None)
+        ca_cert = x509.load_pem_x509_certificate(self.ca.read_bytes())
+        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        self._save(stem, *_issue(ca_key, ca_cert, _name(stem), server_names=server_names))
+        return {"ca.crt": self.ca, "tls.crt": self.directory / f"{stem}.crt", "tls.key": self.directory / f"{stem}.key"}
+
     def issue_client(self, user: str, groups: tuple[str, ...] = ()) -> tuple[str, str]:
         """A client certificate for `user` in `groups` (the apiserver reads CN as the user name and each O as a
         group, as for any x509 user), signed by this CA; returns the certificate's and the key's paths."""

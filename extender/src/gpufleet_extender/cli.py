@@ -20,7 +20,10 @@ from typing import Any
 from gpufleet_extender import __version__, startup
 
 # Extra subcommands: name -> module.
-COMMAND_MODULES = {"simulate": "gpufleet_extender.simulate.cli"}
+COMMAND_MODULES = {
+    "simulate": "gpufleet_extender.simulate.cli",
+    "probe-prometheus": "gpufleet_extender.probe",
+}
 
 EXIT_CANNOT_LISTEN = 1
 EXIT_BAD_SETTINGS = 2

@@ -65,7 +65,26 @@ log = logging.getLogger(__name__)
 
 
 class MetricsSourceError(ExtenderError, RuntimeError):
-    """The source could not be read; the previous snapshot stays and ages."""
+    """The source could not be read; the previous snapshot stays and ages.
+
+    ``status``: the HTTP status Prometheus answered with, when it answered; ``unreachable``: no answer at all (the
+    connection, the name, a timeout); ``tls``: the connection failed on TLS (the certificate, its CA or its name)."""
+
+    def __init__(self, message: str, *, status: int | None = None, unreachable: bool = False, tls: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.unreachable = unreachable or tls
+        self.tls = tls
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    """Whether a transport error comes from TLS (httpx wraps the ssl error in its own, once or twice)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 # Kinds of findings a refresh can report (the ``fault`` label of gpufleet_extender_metrics_faults_total).
@@ -488,11 +507,11 @@ def decode_vector(status: int, content: bytes) -> list[dict[str, Any]]:
     try:
         payload = msgspec.json.decode(content)
     except msgspec.DecodeError:
-        raise MetricsSourceError(f"Prometheus answered HTTP {status} without JSON") from None
+        raise MetricsSourceError(f"Prometheus answered HTTP {status} without JSON", status=status) from None
     if not isinstance(payload, dict):
-        raise MetricsSourceError(f"Prometheus answered HTTP {status} without a JSON object")
+        raise MetricsSourceError(f"Prometheus answered HTTP {status} without a JSON object", status=status)
     if status != 200 or payload.get("status") != "success":
-        raise MetricsSourceError(f"Prometheus query failed (HTTP {status}): {payload.get('error')}")
+        raise MetricsSourceError(f"Prometheus query failed (HTTP {status}): {payload.get('error')}", status=status)
     data = payload.get("data") or {}
     if data.get("resultType") != "vector":
         raise MetricsSourceError(f"Prometheus returned {data.get('resultType')!r}, expected a vector")
@@ -514,7 +533,10 @@ class PrometheusSource:
         ca_file: Path | None = None,
         token_file: Path | None = None,
         query: str = RAW,
+        server_name: str = "",
     ):
+        """``server_name``: the name Prometheus' certificate is checked against (and sent as SNI) when the URL
+        reaches it by another one, as through a port-forward; '' takes the URL's host."""
         if query not in QUERY_FORMS:
             raise MetricsSourceError(f"PROMETHEUS_QUERY must be one of {', '.join(QUERY_FORMS)} (got {query!r})")
         verify: ssl.SSLContext | bool = True
@@ -523,6 +545,8 @@ class PrometheusSource:
                 verify = ssl.create_default_context(cafile=str(ca_file))
             except (OSError, ssl.SSLError) as exc:
                 raise MetricsSourceError(f"cannot use PROMETHEUS_CA_FILE {ca_file}: {exc}") from None
+        if server_name and transport is None:
+            transport = _ServerName(httpx.AsyncHTTPTransport(verify=verify), server_name)
         self._client = httpx.AsyncClient(base_url=url, timeout=timeout, transport=transport, verify=verify)
         self._token_file = token_file
         self._timeout = timeout
@@ -558,7 +582,9 @@ class PrometheusSource:
         try:
             response = await self._client.get("/api/v1/query", params={"query": promql}, headers=headers)
         except httpx.HTTPError as exc:
-            raise MetricsSourceError(f"Prometheus unreachable: {exc.__class__.__name__}: {exc}") from None
+            raise MetricsSourceError(
+                f"Prometheus unreachable: {exc.__class__.__name__}: {exc}", unreachable=True, tls=_tls_failure(exc)
+            ) from None
         return response.status_code, response.content
 
     async def fetch(self, version: int) -> MetricsSnapshot | None:
@@ -580,7 +606,8 @@ class PrometheusSource:
             raise MetricsSourceError(
                 f"Prometheus did not answer both queries within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)"
                 if not self._recorded
-                else f"Prometheus did not answer within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)"
+                else f"Prometheus did not answer within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)",
+                unreachable=True,
             ) from None
         snapshot, self.report = await asyncio.to_thread(self._decode_and_build, series, times, queried_at, version)
         self._evaluated = evaluated
@@ -626,6 +653,21 @@ class PrometheusSource:
             node_sample_times=node_times,
         )
         return drop_future_nodes(snapshot, now, self._max_skew, report), report
+
+
+class _ServerName(httpx.AsyncBaseTransport):
+    """Sends every request with this TLS server name (SNI, and the name the certificate must hold)."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport, server_name: str):
+        self._transport = transport
+        self._server_name = server_name
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.extensions["sni_hostname"] = self._server_name
+        return await self._transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
 
 
 class SnapshotRefresher:

@@ -13,8 +13,10 @@ import time
 import pytest
 from conftest import FakeKubelet, ensure_namespace, lab_gpu_hosts, register_lab_gpu_nodes, wait_for
 from controlplane import serving_files
+from https_prometheus import FakePrometheus
 from kubernetes import client as k8s
 from kubernetes import dynamic
+from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 from support import run_playbook, try_render
 
@@ -58,8 +60,23 @@ def create_tls_secret(core, directory) -> None:
             raise
 
 
+# Prometheus as the install guide has it: https with a certificate the cluster's CA issued for its Service, answering
+# only to the readers' token. The controller reaches it as through `kubectl port-forward` (preflight_prometheus_url
+# and the Service's name in the certificate), and preflight queries it as each reader will.
+PROMETHEUS_SERVICE = "prometheus-operated.monitoring.svc"
+
+
 @pytest.fixture(scope="module")
-def site_run(control_plane, core, lab_nodes, tmp_path_factory):
+def cluster_prometheus(control_plane, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("prometheus")
+    prometheus = FakePrometheus(workdir, pki=control_plane.pki.issue_server("prometheus", (PROMETHEUS_SERVICE,)))
+    prometheus.rotate_token(INSTALL_VARS["gpu_extender_prometheus_token"])
+    yield prometheus
+    prometheus.close()
+
+
+@pytest.fixture(scope="module")
+def site_run(control_plane, core, lab_nodes, cluster_prometheus, tmp_path_factory):
     """Run site.yml in apply mode; the lab's state (simulated GPUs, host files) in a directory of its own."""
     lab_dir = tmp_path_factory.mktemp("lab")
     create_tls_secret(core, lab_dir / "pki")
@@ -70,6 +87,8 @@ def site_run(control_plane, core, lab_nodes, tmp_path_factory):
             "gpufleet_kubeconfig": str(control_plane.kubeconfig),
             "gpufleet_lab_dir": str(lab_dir),
             "mig_partition_serial": "100%",
+            "preflight_prometheus_url": cluster_prometheus.url,
+            "preflight_prometheus_server_name": PROMETHEUS_SERVICE,
             **INSTALL_VARS,
             **(extra or {}),
         }
@@ -240,18 +259,53 @@ def verify(control_plane, tmp_path, **extra):
     return run_lab_playbook(control_plane, tmp_path, "playbooks/verify.yml", extra)
 
 
-def test_verify_passes_on_the_deployed_fleet_with_a_canary_bound_in_each_pool(control_plane, running_fleet, tmp_path):
+def test_verify_passes_on_the_deployed_fleet_with_a_canary_bound_in_each_pool(
+    control_plane, core, running_fleet, tmp_path
+):
     # The node agents and the fleet's Deployments become ready as the fake kubelet reports their pods.
     deadline, result = time.monotonic() + 180, None
     while result is None or (result.returncode != 0 and time.monotonic() < deadline):
         result = verify(control_plane, tmp_path, verify_canary=False)
     assert result.returncode == 0, result.stdout[-6000:]
-    result = verify(control_plane, tmp_path)
+    # The canaries as created, seen by a watch (each is deleted as soon as it is bound): the image pinned and pulled
+    # as the verify role's three image variables say.
+    digest = "sha256:" + "c" * 64
+    seen: dict[str, tuple[str, list[str]]] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for event in k8s_watch.Watch().stream(
+                core.list_pod_for_all_namespaces,
+                label_selector="app.kubernetes.io/name=gpufleet-verify-canary",
+                timeout_seconds=2,
+            ):
+                pod = event["object"]
+                pulls = [secret.name for secret in pod.spec.image_pull_secrets or []]
+                seen[pod.metadata.name] = (pod.spec.containers[0].image, pulls)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = verify(
+            control_plane,
+            tmp_path,
+            verify_canary_image_digest=digest,
+            verify_canary_image_pull_secrets=["canary-pull"],
+        )
+    finally:
+        stop.set()
+        watcher.join(5)
     assert result.returncode == 0, result.stdout[-6000:]
     for tenant, nodes in (("llm", 10), ("imagegen", 6), ("finnlp", 4)):
         line = re.search(rf"{tenant}: {nodes} node\(s\), OK; canary bound to (hk-gpu-\d+)", result.stdout)
         assert line, result.stdout[-4000:]
+        assert seen[f"gpufleet-verify-canary-{tenant}"] == (f"registry.k8s.io/pause:3.10@{digest}", ["canary-pull"])
     assert recap(result.stdout)["localhost"]["failed"] == 0
+
+    result = verify(control_plane, tmp_path, verify_canary_image_digest="latest")
+    assert result.returncode != 0
+    assert 'verify_canary_image_digest must be sha256:<64 lower-case hex> or null (got "latest")' in result.stdout
 
 
 def test_verify_names_a_node_without_its_pool_label_and_one_short_of_its_layout(
@@ -337,7 +391,11 @@ def test_preflight_names_a_missing_secret_before_any_change(control_plane, runni
         control_plane,
         tmp_path,
         "playbooks/preflight.yml",
-        {"gpu_extender_prometheus_token": None, "gpu_extender_prometheus_auth_secret": "prometheus-reader"},
+        {
+            "gpu_extender_prometheus_token": None,
+            "gpu_extender_prometheus_auth_secret": "prometheus-reader",
+            "preflight_prometheus_probe": False,
+        },
     )
     assert result.returncode != 0
     text = " ".join(result.stdout.split())
@@ -346,6 +404,60 @@ def test_preflight_names_a_missing_secret_before_any_change(control_plane, runni
         "gpu_extender_prometheus_token (the role then stores it) or create it with key prometheusAuthToken" in text
     ), text[-4000:]
     assert "The cluster is not ready for gpufleet.mig (nothing was changed)" in text
+
+
+def test_preflight_queries_prometheus_as_each_reader_will(
+    control_plane, core, lab_nodes, running_fleet, cluster_prometheus, tmp_path
+):
+    """The readers' tokens, CA and URL as the roles will mount them: a Service name the controller cannot reach, a
+    token Prometheus refuses, a CA ConfigMap that is not there, and no series while dcgm-exporter runs are each one
+    line naming the reader and the fix."""
+
+    def preflight(extra: dict) -> tuple[int, str]:
+        result = run_lab_playbook(control_plane, tmp_path, "playbooks/preflight.yml", extra)
+        assert INSTALL_VARS["gpu_extender_prometheus_token"] not in result.stdout
+        return result.returncode, " ".join(result.stdout.split())
+
+    code, text = preflight({})
+    assert code != 0
+    for reader in ("the extender", "GPUScore", "the descheduler"):
+        assert f"Prometheus at https://{PROMETHEUS_SERVICE}:9090 ({reader}) did not answer the controller" in text
+    assert "preflight_prometheus_url (for example a kubectl port-forward)" in text
+
+    port_forward = {
+        "preflight_prometheus_url": cluster_prometheus.url,
+        "preflight_prometheus_server_name": PROMETHEUS_SERVICE,
+    }
+    code, text = preflight({**port_forward, "gpu_extender_prometheus_ca_configmap": "prometheus-ca"})
+    assert "ConfigMap gpufleet-system/prometheus-ca (gpu_extender_prometheus_ca_configmap) is missing" in text, text
+    assert "(the extender) did not" not in text and "(the extender) refused" not in text  # not probed without it
+
+    # dcgm-exporter's pods run (the fake kubelet reports them ready): from now on Prometheus must hold their series.
+    daemon_set = k8s.AppsV1Api(core.api_client).read_namespaced_daemon_set("dcgm-exporter", "gpufleet-node-agents")
+    assert daemon_set.status.number_ready > 0
+    raw = {**port_forward, "gpu_extender_prometheus_query": "raw"}  # the stand-in answers the raw form
+    code, text = preflight({**raw, "descheduler_prometheus_token": "stale"})
+    assert code != 0
+    assert (
+        f"Prometheus at {cluster_prometheus.url} (the descheduler) refused the token in descheduler_prometheus_token"
+        in text
+    ), text[-4000:]
+    for reader in ("the extender", "GPUScore"):
+        assert f"({reader}): Prometheus answers but holds no dcgm series of any GPU node, though dcgm" in text, text
+
+    cluster_prometheus.set_loads({node: [0.2, 0.2, 0.2] for node in sorted(lab_nodes)[:3]})
+    try:
+        code, text = preflight(raw)
+        assert code == 0, text[-4000:]
+        # The recorded form: Prometheus holds the dcgm series but not the rules' (a ruleSelector that misses them).
+        code, text = preflight(port_forward)
+    finally:
+        cluster_prometheus.set_loads({})
+    assert code != 0
+    for reader in ("the extender", "GPUScore"):
+        assert f"({reader}): Prometheus answers but holds no recording-rule series (gpufleet:...)" in text, text
+    assert "ruleSelector must select the PrometheusRule" in text
+    assert "(the descheduler)" not in text  # it reads the dcgm series themselves
 
 
 def gpufleet_objects(api) -> list[str]:
