@@ -224,10 +224,10 @@ def register_lab_gpu_nodes(core: k8s.CoreV1Api) -> FakeKubelet:
     return FakeKubelet(core, {host: lab_node_resources(vars_) for host, vars_ in hosts.items()}).register()
 
 
-def apply_tenants_role(control_plane, workdir: Path) -> None:
+def apply_tenants_role(control_plane, workdir: Path, **role_vars) -> None:
     """The tenants role applied to the control plane for the lab's pools (namespaces, quotas, policies, RBAC, node
-    labels and taints)."""
-    extra = {"gpufleet_k8s_mode": "apply", "gpufleet_kubeconfig": str(control_plane.kubeconfig)}
+    labels and taints); `role_vars` over the inventory's (gpufleet_gpu_allocation="dra": the DRA mode's)."""
+    extra = {"gpufleet_k8s_mode": "apply", "gpufleet_kubeconfig": str(control_plane.kubeconfig), **role_vars}
     result, _ = try_render(["gpufleet.mig.tenants"], workdir, extra_vars=extra)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
 

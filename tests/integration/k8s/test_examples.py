@@ -5,25 +5,31 @@ tenants role renders for the lab inventory (admission policies, Pod Security, qu
   and within quota: the pods its controller makes pass admission too;
 - the device-plugin forms are bound by gpufleet-scheduler (the GPUScore plugin, the kube_scheduler role's plugin-mode
   configuration) to nodes of the tenant's pool, every replica;
-- the DRA forms are admitted as they are (the pod templates and the tenant's own ResourceClaimTemplate), through
-  server-side dry run: allocating claims needs the DRA driver's ResourceSlices (test_dra_allocation.py covers that).
+- the DRA forms are admitted as they are (the pod templates and the tenant's own ResourceClaimTemplate), and, with
+  the tenants role in DRA mode, the DeviceClasses and ResourceClaimTemplates the gpu_dra_driver role renders and the
+  driver's ResourceSlices published for every GPU node (tests/dra_slices.py), bound by gpufleet-scheduler into their
+  pools with every claim allocated on the pod's node.
 
 The examples name no scheduler (the static-pod mode's default scheduler calls the extender); as each file says, a
 plugin-mode fleet adds `schedulerName: gpufleet-scheduler`, which is what this test does."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import apply_tenants_role, lab_gpu_hosts, register_lab_gpu_nodes, wait_for
+from controlplane import needs_assets
+from dra_slices import DRIVER, node_slices
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
-from support import REPO
+from scheduling import rendered_scheduler_config
+from support import REPO, render_roles
 from test_scheduler_plugin import SCHEDULER, FakePrometheus, _plugin_scheduler
 
 pytestmark = pytest.mark.integration
@@ -208,3 +214,112 @@ def provide_volume(admin: k8s.CoreV1Api, tenant: k8s.CoreV1Api, namespace: str, 
             },
         },
     )
+
+
+def delete_workloads(api: k8s.ApiClient, core: k8s.CoreV1Api, form: str) -> None:
+    """The examples' workloads of one form gone, their pods with them (no kubelet ends them: grace 0)."""
+    for path in sorted((EXAMPLES / form).glob("*.yaml")):
+        for doc in documents(path):
+            if doc["kind"] not in WORKLOAD_KINDS:
+                continue
+            resource = dynamic.DynamicClient(api).resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+            namespace, name = doc["metadata"]["namespace"], doc["metadata"]["name"]
+            with contextlib.suppress(ApiException):
+                resource.delete(name=name, namespace=namespace, body={"propagationPolicy": "Background"})
+            selector = f"app.kubernetes.io/name={name}"
+
+            def gone(namespace=namespace, selector=selector) -> bool:
+                core.delete_collection_namespaced_pod(namespace, label_selector=selector, grace_period_seconds=0)
+                return not core.list_namespaced_pod(namespace, label_selector=selector).items
+
+            wait_for(gone, timeout=60, interval=0.5, what=f"{name}'s pods to go")
+
+
+@pytest.fixture
+def dra_fleet(control_plane, core, api, pools, tmp_path):
+    """The lab's fleet in DRA mode: the tenants role's DRA form, the gpu_dra_driver role's DeviceClasses and claim
+    templates, and the driver's ResourceSlices for every GPU node (H100 with DynamicMIG). Undone after."""
+    delete_workloads(api, core, "device-plugin")  # the device-plugin test's pods hold the namespaces' quota
+    apply_tenants_role(control_plane, tmp_path / "tenants", gpufleet_gpu_allocation="dra")
+    manifests = render_roles(
+        ["gpufleet.mig.gpu_dra_driver"], tmp_path / "dra", "inventories/hongkong", {"gpufleet_gpu_allocation": "dra"}
+    )
+    resource_api = k8s.ResourceV1Api(api)
+    classes = [c for c in yaml.safe_load_all((manifests / "gpu_dra_driver/device-classes.yaml").read_text()) if c]
+    templates = [t for t in yaml.safe_load_all((manifests / "gpu_dra_driver/claim-templates.yaml").read_text()) if t]
+    for device_class in classes:
+        resource_api.create_device_class(device_class)
+    for template in templates:
+        resource_api.create_namespaced_resource_claim_template(template["metadata"]["namespace"], template)
+    hosts = lab_gpu_hosts()
+    for host, vars_ in hosts.items():
+        for resource_slice in node_slices(host, int(vars_["gpufleet_gpus_per_node"])):
+            resource_api.create_resource_slice(resource_slice)
+    yield resource_api
+    delete_workloads(api, core, "dra")
+    for namespace in {t["metadata"]["namespace"] for t in templates} | {"llm-inference"}:
+        resource_api.delete_collection_namespaced_resource_claim(namespace)
+        resource_api.delete_collection_namespaced_resource_claim_template(namespace)
+    resource_api.delete_collection_resource_slice(field_selector=f"spec.driver={DRIVER}")
+    for device_class in classes:
+        resource_api.delete_device_class(device_class["metadata"]["name"])
+    apply_tenants_role(control_plane, tmp_path / "tenants-again")
+
+
+@needs_assets("gpufleet-scheduler")
+def test_dra_examples_are_bound_into_their_pools_with_their_claims_allocated(
+    control_plane, core, api, pools, tenant_api, dra_fleet, tmp_path
+):
+    resource_api = dra_fleet
+    config = rendered_scheduler_config(
+        tmp_path / "render",
+        kube_scheduler_mode="plugin",
+        gpufleet_gpu_allocation="dra",
+        kube_scheduler_prometheus_allow_http=True,  # nothing answers there: every node's load missing, allowed
+        kube_scheduler_plugin_extra_args={"prometheusURL": "http://127.0.0.1:9", "metricsRefreshSeconds": 1},
+    )
+    scheduler = control_plane.start_scheduler(config, binary=SCHEDULER, name=f"gpufleet-scheduler-{tmp_path.name}")
+    try:
+        expected: dict[str, tuple[str, str, int]] = {}  # workload -> (tenant, namespace, pods)
+        for path in sorted((EXAMPLES / "dra").glob("*.yaml")):
+            for doc in documents(path):
+                doc = copy.deepcopy(doc)
+                tenant, namespace = tenant_of_namespace(doc["metadata"]["namespace"]), doc["metadata"]["namespace"]
+                if doc["kind"] in WORKLOAD_KINDS:
+                    pod_template(doc)["spec"]["schedulerName"] = SCHEDULER
+                    for volume in pod_template(doc)["spec"].get("volumes", []):
+                        if claim := volume.get("persistentVolumeClaim", {}).get("claimName"):
+                            with contextlib.suppress(ApiException):  # made by the device-plugin test already
+                                provide_volume(core, k8s.CoreV1Api(tenant_api(tenant)), namespace, claim)
+                    spec = doc["spec"]
+                    expected[doc["metadata"]["name"]] = (
+                        tenant,
+                        namespace,
+                        spec.get("replicas", spec.get("parallelism", 1)),
+                    )
+                create(tenant_api(tenant), doc)
+
+        def bound():
+            placed = {}
+            for name, (_, namespace, _) in expected.items():
+                pods = core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/name={name}").items
+                placed[name] = [p for p in pods if p.spec.node_name]
+            return placed if all(len(placed[n]) == expected[n][2] for n in expected) else None
+
+        placed = wait_for(bound, timeout=120, interval=0.5, what="every DRA example pod to be bound")
+        for name, pods in placed.items():
+            tenant, namespace, _ = expected[name]
+            assert {p.spec.node_name for p in pods} <= pools[tenant], (name, [p.spec.node_name for p in pods])
+            for pod in pods:
+                statuses = pod.status.resource_claim_statuses or []
+                assert statuses, f"{pod.metadata.name}: no claim made from its template"
+                for status in statuses:
+                    claim = resource_api.read_namespaced_resource_claim(status.resource_claim_name, namespace)
+                    allocation = claim.status.allocation
+                    assert allocation is not None, claim.metadata.name
+                    results = allocation.devices.results
+                    assert results and {r.pool for r in results} == {pod.spec.node_name}, (claim.metadata.name, results)
+                    if name == "llama-70b":
+                        assert len({r.device for r in results}) == 8
+    finally:
+        control_plane.stop_component(scheduler)
