@@ -6,8 +6,9 @@ sim-quiet/results.json (gpufleet-extender simulate), the rendered manifests, and
 (monitoring/). The MIG re-layout comparison
 (static layouts against a re-layout every 10 minutes on the day trace, docs/simulator.md) is read from
 sim-relayout/results.json, which this script writes first by running the comparison's lab variant on the
-inventory (x0.25, about a minute; `--reuse-relayout` reads the one already there instead). Its day trace is the
-Hong Kong MIG pools' day: on a fleet without those pools the block says the comparison was not run, and why.
+inventory (x0.25, about a minute; `--reuse-relayout` reads the one already there instead). Every MIG pool of the
+inventory gets the day trace by its layout's shape and size; on a fleet without a MIG pool the block says the
+comparison was not run, and why.
 
 A goal the simulator does not meet is a finding about the placement model, explained in docs/simulator.md, not a
 fault of the lab: the block says so, and the exit status stays 0. `--enforce-goals` (`make lab LAB_GOALS=enforce`)
@@ -52,11 +53,10 @@ RELAYOUT_LAB_ARGS = ["--scale", "0.25", "--quiet"]
 
 def _run_relayout(directory: Path, inventory: str) -> str | None:
     """The re-layout comparison's lab variant on the inventory into `directory` (its table in report.txt); None, or
-    why it was not run (the day trace's pools are Hong Kong's)."""
+    why it was not run (no MIG pool)."""
     import contextlib
     import io
 
-    from gpufleet_extender.simulate.relayout import DAY_STREAMS
     from gpufleet_extender.simulate.relayout import main as relayout_main
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -70,9 +70,8 @@ def _run_relayout(directory: Path, inventory: str) -> str | None:
         status = relayout_main(["--inventory", inventory, *RELAYOUT_LAB_ARGS, "--output", str(directory)])
     if status == 0:
         return None
-    pools = ", ".join(sorted({s.tenant for s in DAY_STREAMS}))
     reason = errors.getvalue().strip().removeprefix("relayout: ") or f"exit {status}"
-    return f"not run on this fleet: its day trace is for H100 80GB MIG pools {pools} ({reason})"
+    return f"not run on this fleet: {reason}"
 
 
 def _fleet_lines(summary: Path) -> list[str]:

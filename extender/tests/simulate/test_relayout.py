@@ -154,10 +154,59 @@ def test_pools_come_from_the_fleet_readers_layouts_exactly_placed():
     assert pools_from_fleet(fleet_from_inventory_data(h100)) == {"imagegen": [TWO_3G, TWO_3G]}
     h200_layout = [{"devices": "all", "mig_enabled": True, "mig_devices": {"3g.71gb": 2}}]
     h200 = fleet_from_inventory_data(_inventory(gpufleet_gpu_product="NVIDIA H200", mig_partition_config=h200_layout))
-    with pytest.raises(relayout.RelayoutError, match=r"^img-1: gpufleet_gpu_product NVIDIA H200: the re-layout model"):
-        pools_from_fleet(h200)
+    pools = relayout.mig_pools(h200)
+    assert pools["imagegen"].layouts == [[("3g.71gb", 0), ("3g.71gb", 4)]] * 2
+    assert pools["imagegen"].table.product == "NVIDIA H200"  # its own catalog, not H100's
     with pytest.raises(FleetError, match=r"^host img-1: gpufleet_gpu_product: "):
         fleet_from_inventory_data(_inventory(gpufleet_gpu_product="NVIDIA T4"))
+
+
+def test_a_pool_of_two_products_is_refused_naming_the_node():
+    data = _inventory()
+    data["_meta"]["hostvars"]["img-2"] = {
+        **data["_meta"]["hostvars"]["img-1"],
+        "gpufleet_gpu_product": "NVIDIA H200",
+        "mig_partition_config": [{"devices": "all", "mig_enabled": True, "mig_devices": {"3g.71gb": 2}}],
+    }
+    data["pool_imagegen"] = {"hosts": ["img-1", "img-2"]}
+    with pytest.raises(relayout.RelayoutError, match=r"^img-2: gpufleet_gpu_product NVIDIA H200: pool imagegen has"):
+        relayout.mig_pools(fleet_from_inventory_data(data))
+
+
+def test_any_fleets_pools_get_the_day_by_their_shape_and_size():
+    # Hong Kong's pools get the day exactly as it was written for them.
+    hongkong = relayout.mig_pools(relayout.inventory_fleet(REPO / "inventories/hongkong"))
+    assert set(relayout.pool_streams(hongkong)) == set(relayout.DAY_STREAMS)
+    # Another fleet: an H200 pool of several sizes (16 GPUs) gets the mixed pool's streams in its own profiles, a
+    # third of imagegen's (48 GPUs); a 4-GPU pool of one size the single-size pool's, an eighth of finnlp's (32).
+    harbour = relayout.mig_pools(relayout.inventory_fleet(REPO / "tests/data/fleets/harbour"))
+    streams = {(s.tenant, s.name): s for s in relayout.pool_streams(harbour)}
+    assert {key: s.profile for key, s in streams.items()} == {
+        ("genai", "sdxl"): "3g.71gb",
+        ("genai", "previews"): "1g.18gb",
+        ("genai", "upscale"): "2g.35gb",
+        ("embed", "batch"): "1g.10gb",
+        ("embed", "interactive"): "1g.10gb",
+    }
+    assert streams[("genai", "sdxl")].peak == pytest.approx(36 / 3)
+    assert streams[("embed", "batch")].peak == pytest.approx(150 / 8)
+
+
+def test_an_h200_pool_is_re_laid_out_in_its_own_profiles_at_the_minimum(minimum_destroyed):
+    harbour = relayout.mig_pools(relayout.inventory_fleet(REPO / "tests/data/fleets/harbour"))
+    genai = harbour["genai"]
+    pods = [p for p in day_trace(relayout.pool_streams(harbour), hours=6, scale=0.25) if p.tenant == "genai"]
+    layouts = relayout.scaled_down(genai.layouts, 0.25)
+    # A quarter of the pool keeps its mix of layouts (the first GPUs alone would all be 3g.71gb).
+    assert Counter(map(tuple, layouts)) == Counter(map(tuple, genai.layouts[::4]))
+    allowed = sorted({profile for layout in genai.layouts for profile, _ in layout})
+    model = PoolModel("genai", layouts, pods, 10.0, minimum_destroyed, allowed, catalog=genai.catalog)
+    run = model.simulate()
+    assert run.relayouts and run.disturbed == 0 and run.above_minimum == 0
+    assert run.never == 0
+    assert {i.profile for gpu in model.gpus for i in gpu} <= {"3g.71gb", "2g.35gb", "1g.18gb"}
+    static = run_pool("genai", layouts, pods, None, allowed=allowed, catalog=genai.catalog)
+    assert run.pending_pod_minutes < static.pending_pod_minutes
 
 
 def test_time_sliced_pools_are_named_not_ignored():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import heapq
 import json
 import math
@@ -30,7 +31,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from gpufleet_extender.mig_utils.layout import product_or_default
 from gpufleet_extender.mig_utils.names import mig_resource
 from gpufleet_extender.mig_utils.placement import minimum_destroyed_keeping
 from gpufleet_extender.mig_utils.planner import Catalog, validate_target
-from gpufleet_extender.mig_utils.profile_tables import H100_80GB
+from gpufleet_extender.mig_utils.profile_tables import H100_80GB, ProductTable
 from gpufleet_extender.simulate.errors import SimulationError
 from gpufleet_extender.simulate.fleet import DEFAULT_INVENTORY, Fleet, FleetError, fleet_from_inventory
 from gpufleet_extender.simulate.metrics import fewest_that_serves, percentile
@@ -95,6 +96,49 @@ DAY_STREAMS: tuple[Stream, ...] = (
     Stream("finnlp", "interactive", "1g.10gb", peak=40, trough=5, peak_hour=14, min_minutes=2, max_minutes=10),
 )
 
+# Any fleet's MIG pools get that day by the shape of their layout, scaled by their size: a pool laid out with
+# several instance sizes gets the mixed pool's streams (imagegen's 48 GPUs: its largest, smallest and middle
+# profile), a pool of one size the single-size pool's (finnlp's 32 GPUs). On Hong Kong's inventory that is
+# DAY_STREAMS exactly.
+MIXED_POOL = ("imagegen", 48, {"sdxl": "largest", "previews": "smallest", "upscale": "middle"})
+SINGLE_SIZE_POOL = ("finnlp", 32, {"batch": "smallest", "interactive": "smallest"})
+
+
+@dataclass(frozen=True)
+class MigPool:
+    """One tenant's MIG GPUs: their layouts, and the product whose profiles they are."""
+
+    layouts: list[Layout]
+    table: ProductTable
+
+    @functools.cached_property
+    def catalog(self) -> Catalog:
+        return Catalog.from_table(self.table)
+
+
+def pool_streams(pools: Mapping[str, MigPool]) -> tuple[Stream, ...]:
+    """The day's streams for each pool, by its layout's shape (MIXED_POOL, SINGLE_SIZE_POOL) and size."""
+    streams: list[Stream] = []
+    for tenant, pool in sorted(pools.items()):
+        sizes = {row.name: (row.slice_count, row.memory_mib) for row in pool.table.profiles}
+        profiles = sorted({profile for layout in pool.layouts for profile, _ in layout}, key=lambda p: sizes[p])
+        model, gpus, roles = MIXED_POOL if len({sizes[p] for p in profiles}) > 1 else SINGLE_SIZE_POOL
+        chosen = {
+            "largest": profiles[-1],
+            "smallest": profiles[0],
+            "middle": profiles[len(profiles) // 2] if len(profiles) > 2 else None,
+        }
+        factor = len(pool.layouts) / gpus
+        for stream in DAY_STREAMS:
+            profile = chosen[roles[stream.name]] if stream.tenant == model else None
+            if profile is not None:
+                streams.append(
+                    replace(
+                        stream, tenant=tenant, profile=profile, peak=stream.peak * factor, trough=stream.trough * factor
+                    )
+                )
+    return tuple(streams)
+
 
 @dataclass(frozen=True)
 class Pod:
@@ -145,9 +189,15 @@ def inventory_pools(inventory: str | Path = DEFAULT_INVENTORY) -> dict[str, list
 
 
 def pools_from_fleet(fleet: Fleet) -> dict[str, list[Layout]]:
-    """Tenant -> per-GPU layouts (exact placements, as nvidia_mig places them on an empty GPU) of every tenant node
-    whose GPUs are all MIG-enabled. The model covers H100 80GB pools, and names a pool of another product."""
-    pools: dict[str, list[Layout]] = {}
+    """Tenant -> per-GPU layouts of the fleet's MIG pools (``mig_pools``)."""
+    return {tenant: pool.layouts for tenant, pool in mig_pools(fleet).items()}
+
+
+def mig_pools(fleet: Fleet) -> dict[str, MigPool]:
+    """Tenant -> its MIG pool: the per-GPU layouts (exact placements, as nvidia_mig places them on an empty GPU) of
+    every tenant node whose GPUs are all MIG-enabled, in the node's own product's profiles. A pool whose nodes are
+    of two products is refused: one pool, one catalog."""
+    pools: dict[str, MigPool] = {}
     for node in fleet.nodes:
         mig_gpus = [gpu for gpu in node.gpus if gpu is not None]
         if not node.tenant or not node.gpus or len(mig_gpus) != len(node.gpus):
@@ -156,18 +206,20 @@ def pools_from_fleet(fleet: Fleet) -> dict[str, list[Layout]]:
             table = product_or_default(node.product)
         except MigError as exc:
             raise RelayoutError(f"{node.name}: gpufleet_gpu_product: {exc.message}") from None
-        if table.product != H100_80GB.product:  # the model's advisor calls and reference work on H100 catalogs
+        pool = pools.setdefault(node.tenant, MigPool([], table))
+        if pool.table.product != table.product:
             raise RelayoutError(
-                f"{node.name}: gpufleet_gpu_product {table.product}: the re-layout model covers "
-                f"{H100_80GB.product} pools"
+                f"{node.name}: gpufleet_gpu_product {table.product}: pool {node.tenant} has "
+                f"{pool.table.product} nodes too; the re-layout model takes one product per pool"
             )
+        catalog = pool.catalog
         try:
-            layouts = [
-                [(slot.profile, slot.start) for slot in validate_target(dict(gpu), H100, node.name)] for gpu in mig_gpus
-            ]
+            pool.layouts.extend(
+                [(slot.profile, slot.start) for slot in validate_target(dict(gpu), catalog, node.name)]
+                for gpu in mig_gpus
+            )
         except MigError as exc:
             raise RelayoutError(f"{node.name}: mig_partition_config: {exc.message}") from None
-        pools.setdefault(node.tenant, []).extend(layouts)
     if not pools:
         raise RelayoutError("the inventory has no MIG pool (no tenant node with every GPU MIG-enabled)")
     return pools
@@ -183,6 +235,12 @@ def time_sliced(fleet: Fleet, pools: Mapping[str, Sequence[Layout]]) -> dict[str
             if replicas > 1:
                 shared.setdefault(tenant, {})[profile] = replicas
     return shared
+
+
+def scaled_down(layouts: Sequence[Layout], scale: float) -> list[Layout]:
+    """``scale`` of the pool's GPUs (at least one), spread evenly over it so that they keep its mix of layouts."""
+    count = max(1, round(len(layouts) * scale))
+    return [list(layouts[i * len(layouts) // count]) for i in range(count)]
 
 
 def scaled_pool(layouts: Sequence[Layout], gpus: int) -> list[Layout]:
@@ -292,8 +350,10 @@ class PoolModel:
         minimum_destroyed: MinimumDestroyed | None = None,
         allowed: Sequence[str] | None = None,
         max_states: int = 200,
+        catalog: Catalog = H100,
     ):
         self.tenant = tenant
+        self.catalog = catalog
         self.gpus = [[_Instance(p, s) for p, s in sorted(layout, key=lambda i: i[1])] for layout in layouts]
         self.pods = [p for p in pods if p.tenant == tenant]
         self.every = every
@@ -385,7 +445,7 @@ class PoolModel:
             GpuNow(
                 f"{self.tenant}-{g // 8:02d}",
                 g % 8,
-                H100,
+                self.catalog,
                 True,
                 [CurrentInstance(i.profile, i.start, allocated=i.pod is not None) for i in gpu],
             )
@@ -412,7 +472,9 @@ class PoolModel:
                     record.disturbed += 1
             if self.minimum_destroyed is not None and record.minimum is not None:
                 busy = {(i.profile, i.start) for i in gpu if i.pod is not None}
-                least = self.minimum_destroyed([(i.profile, i.start) for i in gpu], gpu_advice.counts(), busy, H100)
+                least = self.minimum_destroyed(
+                    [(i.profile, i.start) for i in gpu], gpu_advice.counts(), busy, self.catalog
+                )
                 # None: no placement keeps the busy instances, yet the advice did: the reference disagrees.
                 record.minimum += least if least is not None else -1
             kept = {(i.profile, i.start): i for i in gpu if (i.profile, i.start) not in gone}
@@ -440,8 +502,9 @@ def run_pool(
     every: float | None,
     minimum_destroyed: MinimumDestroyed | None = None,
     allowed: Sequence[str] | None = None,
+    catalog: Catalog = H100,
 ) -> PoolRun:
-    return PoolModel(tenant, layouts, pods, every, minimum_destroyed, allowed).simulate()
+    return PoolModel(tenant, layouts, pods, every, minimum_destroyed, allowed, catalog=catalog).simulate()
 
 
 def gpus_needed(
@@ -453,6 +516,7 @@ def gpus_needed(
     limit: int,
     minimum_destroyed: MinimumDestroyed | None = None,
     allowed: Sequence[str] | None = None,
+    catalog: Catalog = H100,
 ) -> tuple[int | None, list[PoolRun]]:
     """The fewest GPUs (laid out like the inventory's pool) with which no pod waits longer than the bound, by
     bisection over 1..``limit`` (assumes more GPUs never make the longest wait longer); None: not even ``limit``.
@@ -460,7 +524,7 @@ def gpus_needed(
     runs: list[PoolRun] = []
 
     def serves(gpus: int) -> bool:
-        run = run_pool(tenant, scaled_pool(layouts, gpus), pods, every, minimum_destroyed, allowed)
+        run = run_pool(tenant, scaled_pool(layouts, gpus), pods, every, minimum_destroyed, allowed, catalog)
         runs.append(run)
         return run.never == 0 and run.max_wait <= bound_seconds
 
@@ -578,10 +642,12 @@ def compare(
     progress: Callable[[str], None] | None = None,
     allowed: Mapping[str, Sequence[str]] | None = None,
     minimum_destroyed: MinimumDestroyed | None = minimum_destroyed_keeping,
+    catalogs: Mapping[str, Catalog] | None = None,
 ) -> Comparison:
     """Static against re-layout on each pool; ``allowed``: tenant -> profiles a re-layout may create (default: those
     of the pool's layout); ``minimum_destroyed``: the reference each re-layout's destroys are checked against (None:
-    not checked)."""
+    not checked); ``catalogs``: tenant -> its GPUs' MIG catalog (default: H100 80GB's)."""
+    catalogs = catalogs or {}
     started = time.perf_counter()
     tenants = sorted({p.tenant for p in pods} & set(pools))
     limit = search_limit or 4 * max(len(pools[t]) for t in tenants)
@@ -598,7 +664,13 @@ def compare(
             if progress:
                 progress(f"{tenant}: {mode} on the inventory's {len(pools[tenant])} GPUs")
             result.runs[mode][tenant] = run_pool(
-                tenant, pools[tenant], pods, interval, minimum_destroyed, (allowed or {}).get(tenant)
+                tenant,
+                pools[tenant],
+                pods,
+                interval,
+                minimum_destroyed,
+                (allowed or {}).get(tenant),
+                catalogs.get(tenant, H100),
             )
     if search:
         result.needed = {"static": {}, "relayout": {}}
@@ -615,6 +687,7 @@ def compare(
                     limit,
                     minimum_destroyed,
                     (allowed or {}).get(tenant),
+                    catalogs.get(tenant, H100),
                 )
                 result.needed[mode][tenant] = needed
                 result.search_disturbed += sum(r.disturbed for r in runs)
@@ -684,23 +757,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         fleet = inventory_fleet(args.inventory)
-        pools = {
-            t: layouts[: max(1, round(len(layouts) * args.scale))] for t, layouts in pools_from_fleet(fleet).items()
-        }
+        found = mig_pools(fleet)
+        streams = pool_streams(found)
+        pools = {t: scaled_down(pool.layouts, args.scale) for t, pool in found.items()}
         shared = time_sliced(fleet, pools)
-        pods = day_trace(hours=args.hours, seed=args.seed, scale=args.scale)
+        pods = day_trace(streams, hours=args.hours, seed=args.seed, scale=args.scale)
         comparison = compare(
             pools,
             pods,
             args.every,
             args.wait_bound,
             search=not args.no_search,
+            catalogs={t: pool.catalog for t, pool in found.items()},
+            # What the pool's layout has, all of it: a scaled-down pool may hold only some of its profiles.
+            allowed={
+                t: sorted({profile for layout in pool.layouts for profile, _ in layout}) for t, pool in found.items()
+            },
             parameters={
                 "hours": args.hours,
                 "seed": args.seed,
                 "scale": args.scale,
                 "inventory": args.inventory,
-                "streams": [asdict(s) for s in DAY_STREAMS],
+                "streams": [asdict(s) for s in streams],
                 "time_sliced_as_exclusive": shared,
             },
             progress=None if args.quiet else lambda text: print(f"relayout: {text}", file=sys.stderr),
