@@ -55,8 +55,10 @@ def test_the_wheel_is_the_server_alone(wheel):
     assert library == {f"gpufleet_extender/mig_utils/{name}" for name in SHARED}, (
         f"the extender's wheel ships more of the collection's library than its two shared rules: {sorted(library)}"
     )
-    # Everything else is the server's own source, all of it, and nothing else (no other top-level package).
+    # Everything else is the server's own source, all of it, and nothing else (no other top-level package); the
+    # settings contract among it, since the extender reads it at import (an install without it would not start).
     assert sorted(set(files) - library) == sorted(server)
+    assert "gpufleet_extender/settings_contract.json" in files
 
 
 def test_the_shared_rules_are_the_collections_own_files(wheel):

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from extender_helpers import make_pod
 from gpufleet_extender.pods import pod_gpu_request
 from gpufleet_extender.wire import WireError, decode_args
+
+from extender_helpers import make_pod
 
 
 def request_of(pod: dict):

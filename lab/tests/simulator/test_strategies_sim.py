@@ -8,7 +8,6 @@ import json
 import pytest
 from gpufleet_extender.pods import MIG_RESOURCE_PREFIX
 from gpufleet_extender.scoring import Mode, Policy
-from test_generator_and_cli import SMALL_FLEET
 
 from gpufleet_lab.simulate import main
 from gpufleet_lab.simulate.capacity import (
@@ -28,6 +27,7 @@ from gpufleet_lab.simulate.state import SimCluster
 from gpufleet_lab.simulate.trace import Schedule, make_trace
 
 from sim_helpers import pod, whole_gpu_node
+from test_generator_and_cli import SMALL_FLEET
 
 # Two nodes of 4 whole GPUs, exclusive devices. p1 runs from t=1; the scrape at 15 shows its GPU busy
 # (util 0.8 -> device load 0.56, node load 0.14); p2 arrives at 20.
