@@ -89,7 +89,7 @@ def plan(data: dict[str, Any], lab: Path) -> tuple[dict[Path, str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser = argparse.ArgumentParser(prog="gpufleet-lab hosts", description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--inventory", required=True, help="the inventory (as given to ansible-playbook -i)")
     parser.add_argument("--lab-dir", required=True, type=Path, help="the lab's directory (build/lab/<inventory>)")
     args = parser.parse_args(argv)

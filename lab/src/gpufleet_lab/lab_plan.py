@@ -106,7 +106,7 @@ def extender_settings(manifests: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser = argparse.ArgumentParser(prog="gpufleet-lab plan", description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--inventory", required=True)
     parser.add_argument("--lab-dir", required=True, type=Path)
     args = parser.parse_args(argv)

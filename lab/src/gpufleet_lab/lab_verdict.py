@@ -108,7 +108,7 @@ def _count_files(directory: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser = argparse.ArgumentParser(prog="gpufleet-lab verdict", description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("lab_dir", type=Path, nargs="?", default=Path("build/lab/hongkong"))
     parser.add_argument("--inventory", default="inventories/hongkong", help="the inventory the lab ran")
     parser.add_argument("--enforce-goals", action="store_true", help="exit 1 when a simulator goal is not met")
