@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 
-.PHONY: help varref venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-controller pytest-extender faults mutation bench-mig bench-mig-advice bench-extender bench-remote-write bench-scheduler lint typecheck sanity pytest integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
+.PHONY: help varref venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-controller pytest-extender faults mutation bench-mig bench-mig-advice bench-extender bench-remote-write bench-scheduler lint typecheck sanity pytest pytest-lab integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on a simulated fleet: INVENTORY=<dir>, Hong Kong's by default"
@@ -23,7 +23,7 @@ help:
 
 # --- set-up ------------------------------------------------------------------------------------------------
 # requirements.txt is the controller's (docs/controller.md); requirements-dev.txt adds the tests' and tools'.
-$(VENV)/.installed: requirements.txt requirements-dev.txt extender/pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-dev.txt extender/pyproject.toml lab/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	  echo "Python 3.11 or newer is required: none found on PATH (tried python3.14 ... python3.11, python3)," \
 	    "or PYTHON=$(PYTHON) is older or does not run. Install one, or name it: make PYTHON=/path/to/python3.12 ..."; \
@@ -31,7 +31,8 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt extender/pyproject.tom
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
-	$(BIN)/pip install --quiet -e './extender[k8s,sim,test,bench]'
+	@# One call: the lab's dependency on gpufleet-extender is the checkout's, never an index's.
+	$(BIN)/pip install --quiet -e './extender[k8s,test,bench]' -e './lab[plots,test]'
 	touch $@
 
 # The kubelet pod-resources API's protobuf messages are generated from proto/ here, not committed: every target that
@@ -58,11 +59,11 @@ varref: venv
 # inventories/hongkong, when not given). The inventory is used as it is; the simulation overrides (local connection,
 # render mode, each host's tree and simulated GPUs under build/lab/<inventory>/) are the one file
 # playbooks/vars/lab.yml, applied on top as extra vars. Each host's GPUs are simulated as its inventory says
-# (tools/lab_hosts.py: product, GPU count, NVSwitch board), and the scheduler is deployed in the inventory's mode.
+# (gpufleet-lab hosts: product, GPU count, NVSwitch board), and the scheduler is deployed in the inventory's mode.
 # The lab keeps its state (simulated GPUs, host files) between runs like a real fleet: a second run changes
 # nothing. `make lab-reset` starts it over from GPUs fresh out of the box.
 # Output: one line per play (the gpufleet.mig.phases callback: failures in full, `Warn ...` tasks that ran), one
-# line per simulator run (its tables go to report.txt), then the closing block (tools/lab_verdict.py).
+# line per simulator run (its tables go to report.txt), then the closing block (gpufleet-lab verdict).
 # A simulator goal not met does not fail make lab: the goals are targets for the placement policies, and the
 # model shows why some cannot be met as deployed (docs/simulator.md); the block says which and why.
 # `make lab LAB_GOALS=enforce` fails on one. A failed play or bad simulator input always fails make lab.
@@ -77,11 +78,11 @@ lab: venv collection-link
 	@echo "make lab: playbooks/site.yml on $(INVENTORY), simulated (build: $(LAB_DIR)), one line per play"
 	@# Before anything is made: the inventory is checked whole (the same play site.yml starts with).
 	@$(LAB_PLAYBOOK) playbooks/validate.yml
-	@python tools/lab_hosts.py --inventory $(INVENTORY) --lab-dir $(LAB_DIR)
+	@gpufleet-lab hosts --inventory $(INVENTORY) --lab-dir $(LAB_DIR)
 	@$(LAB_PLAYBOOK) playbooks/site.yml
 	@# What the lab runs next is decided by the inventory (its pools, products and sharing) and the settings the
-	@# roles rendered (the extender's ConfigMap): tools/lab_plan.py writes both down.
-	@python tools/lab_plan.py --inventory $(INVENTORY) --lab-dir $(LAB_DIR) > $(LAB_DIR)/plan.env
+	@# roles rendered (the extender's ConfigMap): gpufleet-lab plan writes both down.
+	@gpufleet-lab plan --inventory $(INVENTORY) --lab-dir $(LAB_DIR) > $(LAB_DIR)/plan.env
 	@# Demand-driven layouts: one advice and rollout (playbooks/mig-rebalance.yml) on a copy of a MIG pool's
 	@# simulated GPUs, so that the lab's own GPUs keep their declared layout and a second run changes nothing.
 	@. $(LAB_DIR)/plan.env; if [ -n "$$REBALANCE_POOL" ]; then \
@@ -101,18 +102,18 @@ lab: venv collection-link
 	@# runs take each time-sliced resource exclusive (SHARE_EXCLUSIVE): the fleet their goals were measured on.
 	@. $(LAB_DIR)/plan.env; \
 	echo "Placement simulator: mixed 4 h trace, count / random-fit / load / load-no-inflight -> $(LAB_DIR)/sim/"; \
-	gpufleet-extender simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml $$SHARE_EXCLUSIVE \
+	gpufleet-lab simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml $$SHARE_EXCLUSIVE \
 	  --output $(LAB_DIR)/sim --seed 1 --quiet > $(LAB_DIR)/sim/report.txt; \
 	echo "Placement simulator: quiet-night trace, spread / pack / auto -> $(LAB_DIR)/sim-quiet/"; \
-	gpufleet-extender simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml $$SHARE_EXCLUSIVE \
+	gpufleet-lab simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml $$SHARE_EXCLUSIVE \
 	  --scenario quiet-night --output $(LAB_DIR)/sim-quiet --seed 1 --quiet > $(LAB_DIR)/sim-quiet/report.txt; \
 	echo "Placement simulator: the inventory's time-slicing as deployed, count / load -> $(LAB_DIR)/sim-shared/"; \
-	gpufleet-extender simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml \
+	gpufleet-lab simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml \
 	  --policies count,load --output $(LAB_DIR)/sim-shared --seed 1 --quiet > $(LAB_DIR)/sim-shared/report.txt; \
 	echo "Placement simulator: tensor-parallel LLM mix with interference -> $(LAB_DIR)/sim-tp/"; \
-	gpufleet-extender simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml $$SHARE_EXCLUSIVE \
+	gpufleet-lab simulate --inventory $(INVENTORY) --config $(LAB_DIR)/extender-settings.yaml $$SHARE_EXCLUSIVE \
 	  --scenario tp-mix --interference 0.3 --output $(LAB_DIR)/sim-tp --seed 1 --quiet > $(LAB_DIR)/sim-tp/report.txt
-	@python tools/lab_verdict.py $(LAB_DIR) --inventory $(INVENTORY) $(if $(filter enforce,$(LAB_GOALS)),--enforce-goals)
+	@gpufleet-lab verdict $(LAB_DIR) --inventory $(INVENTORY) $(if $(filter enforce,$(LAB_GOALS)),--enforce-goals)
 
 lab-reset:
 	rm -rf $(LAB_DIR)
@@ -125,7 +126,7 @@ lab-reset:
 # (the first, the control plane's build and the tests against it, is the longest).
 comma := ,
 TEST_LANES = $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets$(comma))go-test,integration \
-	molecule-images,molecule,sanity,pytest-extender,pytest-controller$(if $(WITH_LAB),$(comma)lab) \
+	molecule-images,molecule,sanity,pytest-extender,pytest-lab,pytest-controller$(if $(WITH_LAB),$(comma)lab) \
 	lint,typecheck,build,pytest-unit,bench-mig,pytest-roles
 test: venv collection-link system-deps
 	python tools/run_steps.py $(TEST_LANES)
@@ -136,15 +137,21 @@ lint: venv collection-link
 	ruff format --check .
 	ansible-lint --profile production
 
-# mypy --strict over the extender package and plugins/module_utils (mypy.ini). mypy checks plugins/module_utils as
-# gpufleet_extender.mig_utils, the name the extender's wheel gives it, through a link under build/mypy; so the
-# simulator's calls into the layout library are typed. The link is made only when missing or wrong (as
-# collection-link), since make test runs steps side by side.
-MYPY_LAYOUT_LINK := build/mypy/gpufleet_extender/mig_utils
+# mypy --strict over the extender, the lab and plugins/module_utils (mypy.ini), as pip installs them: both packages
+# are built from a copy of their sources (nothing is written into the checkout while other steps read it) into
+# build/mypy/site, where the collection's library is what each wheel ships (the lab's gpufleet_lab.mig_utils, all of
+# it; the extender's gpufleet_extender.mig_utils, its two shared rules), so every call into it is typed and an import
+# the extender's wheel cannot satisfy fails here. Errors name the installed files: build/mypy/site/gpufleet_lab/
+# mig_utils/planner.py is plugins/module_utils/planner.py, build/mypy/site/gpufleet_lab/simulate/ is
+# lab/src/gpufleet_lab/simulate/.
+MYPY_DIR := build/mypy
 typecheck: venv
-	@mkdir -p $(dir $(MYPY_LAYOUT_LINK))
-	@[ "$$(readlink $(MYPY_LAYOUT_LINK))" = ../../../plugins/module_utils ] || \
-	  ln -sfn ../../../plugins/module_utils $(MYPY_LAYOUT_LINK)
+	rm -rf $(MYPY_DIR)/src $(MYPY_DIR)/site && mkdir -p $(MYPY_DIR)/src/extender $(MYPY_DIR)/src/lab $(MYPY_DIR)/src/plugins
+	cp -r extender/pyproject.toml extender/README.md extender/src $(MYPY_DIR)/src/extender/
+	cp -r lab/pyproject.toml lab/src $(MYPY_DIR)/src/lab/
+	cp -r plugins/module_utils $(MYPY_DIR)/src/plugins/
+	pip install --quiet --no-deps --no-build-isolation --no-compile --target $(MYPY_DIR)/site \
+	  ./$(MYPY_DIR)/src/extender ./$(MYPY_DIR)/src/lab
 	mypy
 
 build: venv
@@ -152,11 +159,11 @@ build: venv
 	ansible-galaxy collection build --force --output-path build/dist .
 	ansible-galaxy collection install --force --no-deps -p build/dist/installed build/dist/gpufleet-mig-*.tar.gz
 
-# Two runs: the collection's tests and the extender package's each have their own rootdir, conftest and helpers.
-# The tests against the real control plane are their own target (`make integration`).
-# Three parts, so that make test can put them in different lanes: the collection's unit tests, the roles'
-# playbook-running tests, the extender's.
-pytest: pytest-unit pytest-roles pytest-extender
+# The collection's tests, the extender package's and the lab package's each have their own rootdir, conftest and
+# helpers. The tests against the real control plane are their own target (`make integration`).
+# Four parts, so that make test can put them in different lanes: the collection's unit tests, the roles'
+# playbook-running tests, the extender's, the lab's (the simulator, the decision vectors, make lab's verdict).
+pytest: pytest-unit pytest-roles pytest-extender pytest-lab
 
 pytest-unit: venv collection-link system-deps
 	pytest tests -m "not integration" --ignore=tests/integration/roles
@@ -171,6 +178,9 @@ pytest-controller: venv collection-link system-deps
 pytest-extender: venv system-deps
 	cd extender && GPUFLEET_REQUIRE_PROMETHEUS=1 pytest
 
+pytest-lab: venv
+	cd lab && pytest
+
 # --- the real control plane ----------------------------------------------------------------------------------
 # kube-apiserver, kube-scheduler, kube-controller-manager (k8s.io/kubernetes, k8s/go.mod) and etcd (k8s/etcd/go.mod),
 # built from Go modules into build/k8s/bin; rebuilt only when the modules or the project's Go sources change.
@@ -182,7 +192,7 @@ k8s-assets:
 	k8s/build.sh $(CURDIR)/build/k8s/bin
 
 # The GPUScore plugin (k8s/gpuscore): gofmt, go vet, and go test, which checks every decision vector that
-# extender/tests/test_conformance.py regenerates from scoring.py.
+# lab/tests/test_conformance.py regenerates from scoring.py.
 go-test:
 	cd k8s && unformatted=$$(gofmt -l .) && { [ -z "$$unformatted" ] || { echo "gofmt needed: $$unformatted"; exit 1; }; }
 	@# -trimpath as k8s/build.sh builds: the Kubernetes packages compiled for the control plane are reused from Go's
@@ -246,14 +256,11 @@ images: extender-image scheduler-image
 	@source tests/molecule/podman-env.sh && for image in $(EXTENDER_IMAGE) $(SCHEDULER_IMAGE); do \
 	  echo "$$image $$(podman image inspect --format '{{.Digest}}' $$image)"; done
 
-# The extender's serve image (extender/Containerfile) on Debian's python3 (3.11): the server's packages are installed
-# here for that Python and platform (binary wheels only, from pip's cache or index), the lab is left out, and podman
-# adds them to the base.
+# The extender's serve image (extender/Containerfile) on Debian's python3 (3.11): the server's wheel (the server alone,
+# extender/tests/test_wheel.py) and its packages are installed here for that Python and platform (binary wheels only,
+# from pip's cache or index), and podman adds them to the base. pip's console scripts (site/bin: their first line
+# names this machine's Python) stay out of the build context (.containerignore).
 EXTENDER_IMAGE_DIR := build/extender-image
-EXTENDER_LAB := simulate conformance.py
-# Of the collection's library (mig_utils) the server keeps only the rules it shares with the collection: the
-# resource names and the reader of a pod's GPU request (one reader for the extender and the MIG advisor).
-EXTENDER_SHARED := __init__.py names.py pod_requests.py
 extender-image: venv molecule-images
 	rm -rf $(EXTENDER_IMAGE_DIR) && mkdir -p $(EXTENDER_IMAGE_DIR)
 	pip wheel --quiet --no-deps --wheel-dir $(EXTENDER_IMAGE_DIR)/wheels ./extender && rm -rf extender/build
@@ -261,9 +268,7 @@ extender-image: venv molecule-images
 	  --implementation cp --python-version 3.11 \
 	  $(foreach p,manylinux2014 manylinux_2_17 manylinux_2_28,--platform $(p)_$(shell uname -m)) \
 	  "$$(ls $(EXTENDER_IMAGE_DIR)/wheels/gpufleet_extender-*.whl)[k8s]"
-	rm -r $(EXTENDER_IMAGE_DIR)/site/bin $(addprefix $(EXTENDER_IMAGE_DIR)/site/gpufleet_extender/,$(EXTENDER_LAB))
-	find $(EXTENDER_IMAGE_DIR)/site/gpufleet_extender/mig_utils -mindepth 1 -maxdepth 1 \
-	  $(foreach f,$(EXTENDER_SHARED),-not -name $(f)) -exec rm -rf {} +
+	echo site/bin > $(EXTENDER_IMAGE_DIR)/.containerignore
 	source tests/molecule/podman-env.sh && podman build --quiet --build-arg BASE=$(IMAGE_BASE) \
 	  --tag $(EXTENDER_IMAGE) --file extender/Containerfile $(EXTENDER_IMAGE_DIR)
 

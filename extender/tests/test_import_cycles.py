@@ -62,3 +62,54 @@ def test_the_graph_sees_imports_of_every_kind():
 
 def test_no_module_imports_itself_back():
     assert cycles(import_graph()) == []
+
+
+def imported_names() -> dict[str, set[str]]:
+    """Every module's imports, by their absolute names (relative ones resolved), whatever package they are in."""
+    found: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = found.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+                targets.update([base, *(f"{base}.{alias.name}" for alias in node.names)])
+    return found
+
+
+def _lab(target: str) -> bool:
+    return target == "gpufleet_lab" or target.startswith("gpufleet_lab.")
+
+
+def test_the_server_never_imports_the_lab():
+    # The lab (gpufleet-lab: the simulator, the vector generator) imports the extender like any user of it, never the
+    # reverse: an import of it from here would put the lab back into the server's wheel and image.
+    found = imported_names()
+    assert "gpufleet_extender.mig_utils.names" in found["gpufleet_extender.pods"]  # the walk sees real imports
+    assert _lab("gpufleet_lab.simulate.cli") and not _lab("gpufleet_labx")
+    importing_the_lab = {
+        name: sorted(filter(_lab, targets)) for name, targets in found.items() if any(map(_lab, targets))
+    }
+    assert importing_the_lab == {}
+
+
+def test_of_the_library_the_server_imports_its_two_shared_rules_alone():
+    # The wheel ships names and pod_requests of plugins/module_utils (pyproject.toml's py-modules); the development
+    # install maps the whole folder, so an import of another module would pass here and fail in the image.
+    shared = {
+        "gpufleet_extender.mig_utils",
+        "gpufleet_extender.mig_utils.names",
+        "gpufleet_extender.mig_utils.pod_requests",
+    }
+    library = {
+        target
+        for targets in imported_names().values()
+        for target in targets
+        if target.startswith("gpufleet_extender.mig_utils.") and target.count(".") == 2
+    }
+    assert library <= shared, sorted(library - shared)

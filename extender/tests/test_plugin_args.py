@@ -1,7 +1,7 @@
 """GPUScore's args checked by the extender's rules in the plugin's words (plugin_args.py, check-config --plugin-args).
 
-The conformance vectors (test_conformance.py, k8s/gpuscore/vectors_test.go) hold these messages for Go to match;
-here: what each kind of problem says, that all are listed, and the command the kube_scheduler role runs."""
+The conformance vectors (lab/tests/test_conformance.py, k8s/gpuscore/vectors_test.go) hold these messages for Go to
+match; here: what each kind of problem says, that all are listed, and the command the kube_scheduler role runs."""
 
 from __future__ import annotations
 

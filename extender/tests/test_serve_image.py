@@ -1,23 +1,23 @@
-"""The serve image (`make extender-image`) drops the lab from the installed package: the simulator, the conformance
-generator and the layout library (mig_utils: NVML, its simulator, the kubelet's gRPC stubs) but for the two rules
-the server shares with the collection (names, pod_requests). The server must start
-without them: here they are made unimportable in a fresh interpreter, the app is built and answers, and the CLI
-leaves the simulate command out. And where they are installed, the serve path must not load them (sys.modules), so
-that the boundary cannot rot behind an image that happens to be built rarely."""
+"""The serve image (`make extender-image`) holds the extender's wheel, the server alone: no lab (the gpufleet-lab
+package: the simulator, the decision-vector generator) and of the collection's layout library (NVML, its simulator,
+the kubelet's gRPC stubs) only the two rules the server shares with the collection (names, pod_requests;
+test_wheel.py checks the wheel). The server must start without the rest: here it is made unimportable in a fresh
+interpreter, the app is built and answers, and the CLI has the server's commands. And where the lab is installed (the
+development venv), the serve path must not load it (sys.modules), so that the boundary cannot rot behind an image
+that happens to be built rarely."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-DROPPED = ("gpufleet_extender.simulate", "gpufleet_extender.mig_utils.", "gpufleet_extender.conformance")
-# What the image keeps of the collection's library: the rules the server shares with it (the Makefile's
-# EXTENDER_SHARED), a pod's GPU request and the resource names.
+DROPPED = ("gpufleet_lab", "gpufleet_extender.mig_utils.")
+# What the wheel keeps of the collection's library: the rules the server shares with it (extender/pyproject.toml's
+# py-modules), a pod's GPU request and the resource names.
 SHARED = ("gpufleet_extender.mig_utils.names", "gpufleet_extender.mig_utils.pod_requests")
 
 SCRIPT = textwrap.dedent(
@@ -55,14 +55,14 @@ def test_the_server_runs_without_the_lab():
 # What `gpufleet-extender serve` loads, in an installation that has the lab (the development venv): the command
 # itself with uvicorn's loop stopped before it listens, then the app it built answering a probe and both verbs with
 # kube-scheduler's captured bodies (a lazy import on a request counts too). The boundary the image relies on: the
-# serve path loads none of the lab, so leaving it out of the image (the Makefile's EXTENDER_LAB) removes nothing the
-# server uses. It is checked where the lab is importable, so that an import of it cannot go unseen.
+# serve path loads none of the lab, so leaving it out of the wheel removes nothing the server uses. It is checked
+# where the lab is importable, so that an import of it cannot go unseen.
 SERVE_PATH = textwrap.dedent(
     """
     import importlib.util, json, sys
     import uvicorn
 
-    LAB = ("gpufleet_extender.simulate", "gpufleet_extender.conformance", "gpufleet_extender.mig_utils", "grpc")
+    LAB = ("gpufleet_lab", "gpufleet_extender.mig_utils", "grpc")
     SHARED = (
         "gpufleet_extender.mig_utils",
         "gpufleet_extender.mig_utils.names",
@@ -98,11 +98,7 @@ SERVE_PATH = textwrap.dedent(
             answers[f"/{verb}"] = client.post(f"/{verb}", content=body).status_code
     loaded = sorted(filter(lab, sys.modules))
     # Only now: find_spec of a submodule imports its package.
-    lab_modules = (
-        "gpufleet_extender.simulate",
-        "gpufleet_extender.conformance",
-        "gpufleet_extender.mig_utils.nvml_sim",
-    )
+    lab_modules = ("gpufleet_lab.simulate", "gpufleet_lab.conformance", "gpufleet_lab.mig_utils.nvml_sim")
     importable = [name for name in lab_modules if importlib.util.find_spec(name) is not None]
     print(json.dumps({"importable": importable, "answers": answers, "lab_loaded": loaded}))
     """
@@ -126,16 +122,3 @@ def test_the_serve_path_loads_none_of_the_lab():
     assert len(result["importable"]) == 3, result["importable"]
     assert result["answers"] == {"serve": 0, "/healthz": 200, "/filter": 200, "/prioritize": 200}
     assert result["lab_loaded"] == []
-
-
-def test_the_image_leaves_out_what_these_tests_take_away():
-    # The Makefile's EXTENDER_LAB (what `make extender-image` leaves out of the installed package) and DROPPED name
-    # the same packages: a part added to the lab and left in the image, or left out of the image but not of the test,
-    # fails here. (tests/integration/k8s/test_images.py finds none of them in the built image.)
-    makefile = (Path(__file__).parents[2] / "Makefile").read_text(encoding="utf-8")
-    (lab,) = re.findall(r"^EXTENDER_LAB := (.+)$", makefile, re.MULTILINE)
-    (shared,) = re.findall(r"^EXTENDER_SHARED := (.+)$", makefile, re.MULTILINE)
-    dropped = [f"gpufleet_extender.{name.removesuffix('.py')}" for name in lab.split()]
-    assert sorted([*dropped, "gpufleet_extender.mig_utils."]) == sorted(DROPPED)
-    kept = {f"gpufleet_extender.mig_utils.{name.removesuffix('.py')}" for name in shared.split()}
-    assert kept - {"gpufleet_extender.mig_utils.__init__"} == set(SHARED)

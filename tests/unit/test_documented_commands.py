@@ -137,7 +137,7 @@ def _substitute(text: str, lab_files: dict[str, str]) -> str:
 
 @pytest.fixture(scope="module")
 def hongkong():
-    from gpufleet_extender.simulate.fleet import fleet_from_inventory
+    from gpufleet_lab.simulate.fleet import fleet_from_inventory
 
     return fleet_from_inventory(REPO / "inventories" / "hongkong")
 
@@ -189,7 +189,10 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
         assert "Could not match supplied host pattern" not in out, f"{block}: {command}: {out}"
         assert re.search(r"hosts \([1-9]", out), f"{block}: {command} selects no host:\n{out}"
     elif program == "gpufleet-extender":
-        _check_extender_cli(args, block, tmp_path, lab_files)
+        _check_extender_cli(args, block)
+    elif program == "gpufleet-lab":
+        assert args[0] == "simulate", f"{block}: {command}: gpufleet-lab has no documented command {args[0]}"
+        _check_simulate(args, tmp_path, lab_files)
     elif program in (".venv/bin/pytest", "pytest"):
         paths = [a for a in args if not a.startswith("-") and (REPO / a).exists()]
         assert paths, f"{block}: {command}: names no existing test path"
@@ -226,7 +229,7 @@ def check_command(command: str, block: Block, tmp_path: Path, lab_files: dict[st
                 assert section in help_text, f"{block}: {script.name} has no section {section}"
     elif program in (".venv/bin/python", "python", "python3"):
         # A module of the collection (boot_apply, nvml_sim), run for real on files made from the inventory.
-        if args[1] == "gpufleet_extender.simulate.dra" and "--hours" not in args:
+        if args[1] == "gpufleet_lab.simulate.dra" and "--hours" not in args:
             args = [*args, "--hours", "0.1"]  # the documented day's search, on a short trace
         _run([sys.executable, *[_substitute(a, lab_files) for a in args]], env=env)
     elif program in ("docker", "podman") and args[0] in ("tag", "push"):
@@ -335,24 +338,26 @@ def _check_pip(args: list[str], block: Block) -> None:
         assert (REPO / args[2].removeprefix(INSTALLED_COLLECTION)).is_file(), f"{block}: no {args[2]}"
     elif "/" in args[1]:
         path = REPO / args[1].removeprefix(INSTALLED_COLLECTION).removeprefix("./")
-        assert 'name = "gpufleet-extender"' in (path / "pyproject.toml").read_text(), f"{block}: {args[1]}"
+        name = re.search(r'^name = "(.+)"$', (path / "pyproject.toml").read_text(), re.M)
+        assert name and name.group(1) in ("gpufleet-extender", "gpufleet-lab"), f"{block}: {args[1]}"
     else:
         requirement = re.match(r"[A-Za-z0-9_.-]+", args[1]).group(0)
         known = (REPO / "requirements.txt").read_text() + (REPO / "extender/pyproject.toml").read_text()
         assert requirement in known, f"{block}: {requirement} is not a requirement of the collection or the extender"
 
 
-def _check_extender_cli(args: list[str], block: Block, tmp_path: Path, lab_files: dict[str, str]) -> None:
+def _check_extender_cli(args: list[str], block: Block) -> None:
     cli = str(BIN / "gpufleet-extender")
-    if args[0] == "serve" or args[1:] == ["..."]:
-        help_text = _run([cli, args[0], "--help"])
-        for option in re.findall(r"--[a-z-]+", " ".join(args)):
-            assert option in help_text, f"{block}: gpufleet-extender {args[0]} has no option {option}"
-        return
     if args[0] == "recording-rules":  # runs as documented: a rules file with the recorded form's group
         groups = yaml.safe_load(_run([cli, *args]))["groups"]
         assert [g["name"] for g in groups] == ["gpufleet-dcgm-recorded"], f"{block}: {groups}"
         return
+    help_text = _run([cli, args[0], "--help"])
+    for option in re.findall(r"--[a-z-]+", " ".join(args)):
+        assert option in help_text, f"{block}: gpufleet-extender {args[0]} has no option {option}"
+
+
+def _check_simulate(args: list[str], tmp_path: Path, lab_files: dict[str, str]) -> None:
     args = shlex.split(_substitute(shlex.join(args), lab_files))
     if "--output" in args:  # the documented directory is replaced by a temporary one
         args[args.index("--output") + 1] = str(tmp_path / "sim")
@@ -360,7 +365,7 @@ def _check_extender_cli(args: list[str], block: Block, tmp_path: Path, lab_files
         args += ["--output", str(tmp_path / "sim")]
     if "--trace" not in args:
         args += ["--hours", "0.05"]  # the documented command, on a short trace
-    _run([cli, *args, "--no-plot", "--quiet"])
+    _run([str(BIN / "gpufleet-lab"), *args, "--no-plot", "--quiet"])
 
 
 SHELL_BLOCKS = [b for b in ALL if b.tag in SHELL_TAGS]
@@ -423,7 +428,7 @@ def check_yaml(block: Block, hongkong, tmp_path: Path) -> None:
     elif isinstance(data, list) and data and "job_name" in data[0]:
         assert data[0]["job_name"] in _role_text("dcgm_exporter"), f"{block}: the role's scrape job has another name"
     elif isinstance(data, dict) and "nodes" in data:
-        from gpufleet_extender.simulate.fleet import fleet_from_yaml
+        from gpufleet_lab.simulate.fleet import fleet_from_yaml
 
         fleet_file = tmp_path / "fleet.yml"
         fleet_file.write_text(block.text)
@@ -484,7 +489,7 @@ def test_every_yaml_example_is_valid(block, hongkong, tmp_path):
 
 @pytest.mark.parametrize("block", [b for b in ALL if b.tag == "json"], ids=str)
 def test_every_json_example_loads(block, tmp_path):
-    from gpufleet_extender.simulate.trace import load_trace
+    from gpufleet_lab.simulate.trace import load_trace
 
     data = json.loads(block.text)
     if "arrival" in data:  # a trace line
@@ -527,7 +532,7 @@ def test_the_repository_layout_listing_names_existing_paths():
 
 
 def test_the_verdicts_links_point_at_sections_of_the_simulator_docs():
-    from gpufleet_extender.simulate import verdict
+    from gpufleet_lab.simulate import verdict
 
     headings = re.findall(r"^#+ (.+)$", (REPO / verdict.DOCS).read_text(), re.M)
     anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}

@@ -1,14 +1,13 @@
-"""``gpufleet-extender`` command line: ``serve``, ``check-config`` and ``recording-rules`` here; others plug in
-through COMMAND_MODULES.
+"""``gpufleet-extender`` command line: ``serve``, ``check-config``, ``recording-rules``, ``remote-write-config`` and
+``probe-prometheus``.
 
-A command module exposes ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> exit code``.
-Modules that are not installed are skipped, so the CLI works at every stage of the project.
+The server's commands only: the placement simulator and the lab are the ``gpufleet-lab`` package's
+(``gpufleet-lab simulate``), which imports this package, never the reverse.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import json
 import logging
@@ -18,12 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpufleet_extender import __version__, startup
-
-# Extra subcommands: name -> module.
-COMMAND_MODULES = {
-    "simulate": "gpufleet_extender.simulate.cli",
-    "probe-prometheus": "gpufleet_extender.probe",
-}
 
 EXIT_CANNOT_LISTEN = 1
 EXIT_BAD_SETTINGS = 2
@@ -288,8 +281,8 @@ def _add_remote_write_config(subparsers: argparse._SubParsersAction[argparse.Arg
     push.set_defaults(handler=_remote_write_config)
 
 
-def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
-    """The CLI. ``serve_only`` leaves the other commands unimported: the kubelet's probes time serve's start."""
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI. Every command imports what it needs when it runs: the kubelet's probes time serve's start."""
     parser = argparse.ArgumentParser(
         prog="gpufleet-extender", description="GPU-load-aware, MIG-aware kube-scheduler extender."
     )
@@ -299,22 +292,21 @@ def build_parser(serve_only: bool = False) -> argparse.ArgumentParser:
     _add_check_config(subparsers)
     _add_recording_rules(subparsers)
     _add_remote_write_config(subparsers)
-    for name, module_name in ({} if serve_only else COMMAND_MODULES).items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue  # that command is not part of this installation
-            raise
-        command = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(command)
-        command.set_defaults(handler=module.run)
+    _add_probe_prometheus(subparsers)
     return parser
+
+
+def _add_probe_prometheus(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from gpufleet_extender import probe
+
+    command = subparsers.add_parser("probe-prometheus", help=probe.HELP, description=probe.HELP)
+    probe.add_arguments(command)
+    command.set_defaults(handler=probe.run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(serve_only=argv[:1] == ["serve"]).parse_args(argv)
+    args = build_parser().parse_args(argv)
     status: int = args.handler(args)
     return status
 

@@ -28,15 +28,13 @@ EXIT_USAGE = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from gpufleet_extender.metrics_source import QUERY_FORMS, RAW
-
     parser.add_argument("--url", required=True, help="Prometheus' base URL, as the readers reach it or the controller")
     parser.add_argument(
         "--server-name",
         default="",
         help="the name Prometheus' certificate holds, when --url reaches it by another (a port-forward)",
     )
-    parser.add_argument("--query", choices=QUERY_FORMS, default=RAW, help="the readers' query form (PROMETHEUS_QUERY)")
+    parser.add_argument("--query", default="raw", help="the readers' query form (PROMETHEUS_QUERY: raw or recorded)")
     parser.add_argument(
         "--node-label", action="append", default=[], help="host label of the dcgm series (NODE_NAME_LABELS)"
     )
@@ -50,7 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpufleet_extender.metrics_source import QUERY_FORMS
+
     try:
+        if args.query not in QUERY_FORMS:
+            raise ValueError(f"--query must be one of {', '.join(QUERY_FORMS)} (got {args.query!r})")
         secrets = _read_stdin()
     except ValueError as exc:
         print(f"gpufleet-extender probe-prometheus: {exc}", file=sys.stderr)

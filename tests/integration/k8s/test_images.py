@@ -29,11 +29,11 @@ from test_scheduler_plugin import RESOURCE, SCHEDULER, FakePrometheus, make_pods
 pytestmark = pytest.mark.integration
 
 CAPTURES = REPO / "extender" / "tests" / "data" / "kube-scheduler"
-# The lab, and of the collection's library every module but the two rules the server shares with it (the Makefile's
-# EXTENDER_SHARED: names, pod_requests).
+# The lab (gpufleet-lab), and of the collection's library every module but the two rules the server shares with it
+# (extender/pyproject.toml's py-modules: names, pod_requests).
 LAB = (
+    "gpufleet_lab",
     "gpufleet_extender.simulate",
-    "gpufleet_extender.conformance",
     "gpufleet_extender.mig_utils.nvml_sim",
     "gpufleet_extender.mig_utils.planner",
     "gpufleet_extender.mig_utils.advisor",

@@ -60,7 +60,7 @@ def test_a_controller_with_only_the_documented_requirements_renders_the_lab(tmp_
     result = subprocess.run(
         [venv / "bin" / "ansible-playbook", "-i", installed / "inventories" / "hongkong",
          "-e", f"@{installed / 'playbooks' / 'vars' / 'lab.yml'}", installed / "playbooks" / "site.yml",
-         # no kubeadm manifests on the simulated control plane here (make lab's tools/lab_hosts.py makes them)
+         # no kubeadm manifests on the simulated control plane here (make lab's gpufleet-lab hosts makes them)
          "-e", "kube_scheduler_mode=plugin", "-e", f"gpufleet_lab_dir={tmp_path / 'lab'}"],
         capture_output=True, text=True, timeout=1800, check=False, env=env, cwd=tmp_path,
     )  # fmt: skip

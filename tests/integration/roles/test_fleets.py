@@ -1,6 +1,6 @@
 """Fleets other than Hong Kong, run the way `make lab INVENTORY=<dir>` runs them: the inventory as it is, the lab's
 simulation overrides on top (playbooks/vars/lab.yml), each host's GPUs simulated from its inventory
-(tools/lab_hosts.py).
+(gpufleet-lab hosts).
 
 - The fleet matrix: H100 80GB, H200 141GB and a product without MIG (L4) x MIG off / mixed layouts / time-sliced
   pools, nodes of 2, 4 and 8 GPUs, several products in one fleet. playbooks/site.yml completes, a rerun changes
@@ -24,13 +24,12 @@ import pytest
 import yaml
 from conftest import REPO, run_playbook
 
-sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "build/collections"))
 
-import lab_hosts
 from ansible_collections.gpufleet.mig.plugins.module_utils.host_gpus import host_gpus
 from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import product_table
 from fleet_matrix import FLEETS, L4, mig, write_fleet
+from gpufleet_lab import lab_hosts
 
 HARBOUR = REPO / "tests/data/fleets/harbour"
 

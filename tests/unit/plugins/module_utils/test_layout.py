@@ -1,4 +1,4 @@
-"""node_layout: the one expansion of a node's layout, shared by the mig_layout filters and the extender's simulator."""
+"""node_layout: the one expansion of a node's layout, shared by the mig_layout filters and the lab's simulator."""
 
 from __future__ import annotations
 

@@ -1,3 +1,0 @@
-from gpufleet_extender.simulate.cli import main
-
-raise SystemExit(main())

@@ -1,0 +1,3 @@
+from gpufleet_lab.simulate.cli import main
+
+raise SystemExit(main())
