@@ -73,9 +73,9 @@ def quantity_value(value: object) -> Decimal | None:
         return None
     number = Decimal(match["sign"] + match["number"])
     suffix = match["suffix"] or ""
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:
-        return _EXACT.multiply(number, _EXACT.power(Decimal(10), int(suffix[1:])))
-    return _EXACT.multiply(number, _SUFFIXES[suffix])
+    if suffix in _SUFFIXES:  # "Ei" (exbi) too, which starts like an exponent
+        return _EXACT.multiply(number, _SUFFIXES[suffix])
+    return _EXACT.multiply(number, _EXACT.power(Decimal(10), int(suffix[1:])))
 
 
 def shorten(value: object) -> str:
