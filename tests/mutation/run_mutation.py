@@ -3,9 +3,10 @@
 
 Two suites, each run by mutmut in a scratch copy under build/mutation/ (mutmut writes a `mutants/` tree next to
 its config, and the repository stays untouched):
-- collection: plugins/module_utils/{spec,placement,planner,runner}.py. The copy is laid out as
+- collection: plugins/module_utils/{spec,placement,planner,runner,pod_requests}.py. The copy is laid out as
   ansible_collections/gpufleet/mig/ so that the tests import the mutated files under their real module names;
-- extender: extender/src/gpufleet_extender/{scoring,pods,wire,snapshot}.py with the extender's unit tests.
+- extender: extender/src/gpufleet_extender/{scoring,pods,wire,snapshot,settings_contract,plugin_args}.py with the
+  extender's unit tests.
 
 It prints the killed share per file. A surviving mutant is either killed by a new test or listed in
 tests/mutation/equivalent.yml with the reason it cannot change behaviour; listed ones leave the count.
@@ -62,7 +63,10 @@ UNIT = f"{COLLECTION}/tests/unit/plugins"
 SUITES = {
     "collection": Suite(
         "collection",
-        tuple(f"{COLLECTION}/plugins/module_utils/{name}.py" for name in ("spec", "placement", "planner", "runner")),
+        tuple(
+            f"{COLLECTION}/plugins/module_utils/{name}.py"
+            for name in ("spec", "placement", "planner", "runner", "pod_requests")
+        ),
         (
             f"{UNIT}/module_utils/test_spec.py",
             f"{UNIT}/module_utils/test_placement.py",
@@ -72,6 +76,7 @@ SUITES = {
             f"{UNIT}/module_utils/test_layout.py",
             f"{UNIT}/test_bench_mig.py",
             f"{UNIT}/modules/test_nvidia_mig.py",
+            f"{UNIT}/module_utils/test_pod_requests.py",
         ),
         (
             ("plugins", f"{COLLECTION}/plugins"),
@@ -91,11 +96,15 @@ SUITES = {
             ("planner.py", (f"{UNIT}/module_utils/test_planner.py",)),
             # The module's tests drive the runner through every apply path (resets, pending modes, failures).
             ("runner.py", (f"{UNIT}/module_utils/test_runner.py", f"{UNIT}/modules/test_nvidia_mig.py")),
+            ("pod_requests.py", (f"{UNIT}/module_utils/test_pod_requests.py",)),
         ),
     ),
     "extender": Suite(
         "extender",
-        tuple(f"src/gpufleet_extender/{name}.py" for name in ("scoring", "pods", "wire", "snapshot")),
+        tuple(
+            f"src/gpufleet_extender/{name}.py"
+            for name in ("scoring", "pods", "wire", "snapshot", "settings_contract", "plugin_args")
+        ),
         tuple(
             f"tests/{name}.py"
             for name in (
@@ -109,6 +118,8 @@ SUITES = {
                 "test_metrics_source",
                 "test_dcgm_captures",
                 "test_app",
+                "test_config",
+                "test_plugin_args",
             )
         ),
         (("extender/src", "src"), ("extender/tests", "tests"), ("extender/pyproject.toml", "pyproject.toml")),
@@ -118,6 +129,8 @@ SUITES = {
             ("pods.py", ("tests/test_pods.py",)),
             ("wire.py", ("tests/test_wire.py", "tests/test_pods.py")),
             ("snapshot.py", ("tests/test_snapshot.py",)),
+            ("settings_contract.py", ("tests/test_config.py", "tests/test_plugin_args.py")),
+            ("plugin_args.py", ("tests/test_plugin_args.py",)),
         ),
     ),
 }

@@ -146,3 +146,48 @@ def test_a_pod_object_as_the_api_returns_it():
 )  # fmt: skip
 def test_a_pod_object_of_the_wrong_shape_asks_for_nothing(pod):
     assert pod_devices_from_object(pod) == {}
+
+
+def test_a_pod_object_counts_its_containers_and_its_sidecars_by_their_restart_policy():
+    pod = {
+        "spec": {
+            "containers": [{"resources": {"requests": {MIG: "3"}}}],
+            "initContainers": [{"restartPolicy": "Always", "resources": {"limits": {MIG: "1"}}}],
+        }
+    }
+    assert pod_devices_from_object(pod) == {MIG: 4}  # the sidecar runs beside the app
+    pod["spec"]["initContainers"][0]["restartPolicy"] = "Never"
+    assert pod_devices_from_object(pod) == {MIG: 3}  # a plain init container is done before the app starts
+
+
+def test_only_the_wanted_resources_are_counted_everywhere():
+    fpga = "example.com/fpga"
+    wanted = {fpga}.__contains__
+    assert pod_devices([c({fpga: 1, MIG: 5})], [c({fpga: 2, MIG: 9})], wanted=wanted) == {fpga: 2}
+    assert pod_devices([c({fpga: 1, MIG: 5})], [c({fpga: 1, MIG: 9}, restart="Always")], wanted=wanted) == {fpga: 2}
+    pod = {"spec": {"containers": [{"resources": {"limits": {fpga: "3", MIG: "1"}}}]}}
+    assert pod_devices_from_object(pod, wanted) == {fpga: 3}
+
+
+def test_a_zero_request_of_an_init_container_adds_nothing():
+    assert pod_devices([c({MIG: 1})], [c({GPU: 0})]) == {MIG: 1}
+
+
+def test_a_bad_quantity_in_a_container_names_its_resource():
+    with pytest.raises(QuantityError, match=f"^resource {MIG}: 'x' is not a Kubernetes quantity"):
+        container_devices(c({MIG: "x"}))
+    with pytest.raises(QuantityError, match=f"^resource {GPU}: quantity must not be negative"):
+        pod_devices_from_object({"spec": {"containers": [{"resources": {"limits": {GPU: "-2"}}}]}})
+
+
+def test_the_longest_quantity_text_allowed_counts():
+    assert device_count(MIG, "0" * (MAX_QUANTITY_TEXT - 1) + "1") == 1
+
+
+def test_limits_and_requests_that_are_not_mappings_are_ignored():
+    pod = {
+        "spec": {
+            "containers": [{"resources": {"limits": [MIG], "requests": (GPU,)}}, {"resources": {"limits": {MIG: 1}}}]
+        }
+    }
+    assert pod_devices_from_object(pod) == {MIG: 1}
