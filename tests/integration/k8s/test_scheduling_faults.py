@@ -94,6 +94,7 @@ DENY_PODS = 20  # its pods placed before the outage, and as many created in it (
 # kube-scheduler's podMaxBackoffSeconds (its default: the role leaves it): a pod whose attempts failed on the
 # extender is tried again at most this long after its last failure.
 MAX_BACKOFF = 10
+BACKOFF_FLUSH = 1  # kube-scheduler moves pods whose backoff ended back to its active queue every second
 PROBE_PERIOD = 0.5  # a Service's readiness probe (the tests' proxy)
 SLOW_DROP = 10.0  # s a Service keeps sending new connections to a dead extender replica
 
@@ -319,8 +320,8 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
         wait_for(lambda: readyz(url)["metrics_stale_nodes"] == 0, timeout=30, interval=0.05, what="every node fresh")
         fresh_at = time.time()
         assert gauge(url, "gpufleet_extender_metrics_blind") == 0.0
-        wait_for(lambda: readyz(deny_url)["status"] == 200, timeout=30, interval=0.05, what="the deny extender ready")
-        deny_ready_at = time.time()
+        # deny: ready again, so back in its Service (the proxy's probe admits it: that moment is kept).
+        wait_for(lambda: len(deny_proxy.admitted) > 1, timeout=30, interval=0.05, what="the deny extender admitted")
         recovered = set(bindings.bound)
 
         wave(core, namespace, 2 * third, BURST - 2 * third)  # the last third, after the return
@@ -343,6 +344,8 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     waited = {pod: seen for pod, (_, seen) in deny_bindings.bound.items() if int(pod.split("-")[1]) >= DENY_PODS}
     deny_placed = min(waited.values()) - back_at  # the first pod that waited, placed: load-aware again
     deny_all_placed = max(waited.values()) - back_at
+    admitted = deny_proxy.admitted[-1][1]  # back in its Service (time.monotonic())
+    deny_admitted = back + admitted - back_at  # the same moment on Prometheus' clock
     deny_on_hot = sorted(f"{pod}->{node}" for pod, (node, _) in deny_bindings.bound.items() if node in HOT)
     # How the deny pods were held: refused by the extender (a connection it kept through its Service) or failed
     # on a Service without a ready endpoint; either way tried again.
@@ -358,11 +361,11 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
         f"{fresh_at - firsts[-1]:.2f} s after the last target's first scrape ({fresh_at - back:.2f} s after ready; "
         f"refresh {REFRESH} s); {len(after)} pods placed after the return, "
         f"{sum(bindings.bound[pod][0] in HOT for pod in after)} on hot nodes. deny: {len(deny_bound_blind)} of "
-        f"{DENY_PODS} pods bound during the outage; ready again {deny_ready_at - firsts[0]:.2f} s after the first "
-        f"scrape ({deny_ready_at - back:.2f} s after Prometheus ready); the pods that waited placed from "
-        f"{deny_placed:.2f} s to {deny_all_placed:.2f} s after Prometheus ready (Service probe {PROBE_PERIOD} s, "
-        f"scheduler backoff up to {MAX_BACKOFF} s), {len(deny_on_hot)} deny pods on hot nodes; attempts refused by "
-        f"the deny extender {deny_refused}, failed on its Service {deny_failed}"
+        f"{DENY_PODS} pods bound during the outage; back in its Service {deny_admitted - firsts[-1]:.2f} s after "
+        f"the last target's first scrape ({deny_admitted - back:.2f} s after Prometheus ready); the pods that "
+        f"waited placed from {deny_placed:.2f} s to {deny_all_placed:.2f} s after Prometheus ready (Service probe "
+        f"{PROBE_PERIOD} s, scheduler backoff up to {MAX_BACKOFF} s), {len(deny_on_hot)} deny pods on hot nodes; "
+        f"attempts refused by the deny extender {deny_refused}, failed on its Service {deny_failed}"
     )
     # While it saw: no hot node. Blind, under allow: placed as without the extender, so some went to the hot nodes
     # (they are the emptiest: the first third avoided them) - decisions did follow the policy, not the old samples.
@@ -373,12 +376,13 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     assert fresh_at - firsts[-1] <= REFRESH + RECOVERY_SLACK
     assert fresh_at - back <= PROMETHEUS_FIRST_SCRAPE + REFRESH + RECOVERY_SLACK
     assert sorted(f"{pod}->{bindings.bound[pod][0]}" for pod in after if bindings.bound[pod][0] in HOT) == []
-    # deny: no pod placed blind; every one that waited placed after the return, load-aware, within one refresh
-    # of the first scrape plus the Service's probe and the scheduler's backoff.
+    # deny: no pod placed blind; the extender back in its Service within one refresh and one probe of the first
+    # scrapes, and every pod that waited placed after that, load-aware, within the scheduler's backoff.
     assert deny_bound_blind == []
-    assert len(waited) == DENY_PODS and deny_placed > 0, waited
-    assert deny_ready_at - firsts[-1] <= REFRESH + RECOVERY_SLACK
-    assert deny_all_placed <= PROMETHEUS_FIRST_SCRAPE + REFRESH + PROBE_PERIOD + MAX_BACKOFF + RECOVERY_SLACK
+    assert len(deny_proxy.admitted) == 2, deny_proxy.admitted  # out of its Service once, for the outage
+    assert deny_admitted - firsts[-1] <= REFRESH + PROBE_PERIOD + RECOVERY_SLACK
+    assert len(waited) == DENY_PODS and min(waited.values()) >= admitted, waited
+    assert max(waited.values()) - admitted <= MAX_BACKOFF + BACKOFF_FLUSH + RECOVERY_SLACK
     assert deny_on_hot == []
     log = "".join(path.read_text() for path in tmp_path.glob("extender-*.log"))
     assert log.count("decisions use no GPU") >= 2  # the WARNING line operators grep for, from both
