@@ -91,6 +91,7 @@ RECOVERY_SLACK = 1.0
 PROMETHEUS_FIRST_SCRAPE = 5 + SCRAPE
 DENY_SCHEDULER = "gpufleet-scheduler-deny"  # a second scheduler, its extender under ON_MISSING_METRICS=deny
 DENY_PODS = 20  # its pods placed before the outage, and as many created in it (they must wait)
+SKIP_SCHEDULER = "gpufleet-scheduler-skip"  # a third, on the deny extender's Service with `ignorable: true`
 # kube-scheduler's podMaxBackoffSeconds (its default: the role leaves it): a pod whose attempts failed on the
 # extender is tried again at most this long after its last failure.
 MAX_BACKOFF = 10
@@ -246,7 +247,9 @@ def prometheus(nodes, tmp_path):
 def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, prometheus, tmp_path):
     """One outage, two extenders reading the Prometheus: `allow` (the default) serving the burst's scheduler
     directly, `deny` behind a Service (readiness-gated proxy) serving a scheduler of its own with `ignorable:
-    false`, the setting under which `deny` keeps GPU pods from being placed blind (see docs/reliability.md)."""
+    false`, the setting under which `deny` keeps GPU pods from being placed blind (see docs/reliability.md); a
+    third scheduler on the same Service with the role's default, `ignorable: true`, shows why: its pods created in
+    the outage are placed blind."""
     namespace, bindings = namespace
     env = {
         "METRICS_SOURCE": "prometheus",
@@ -259,7 +262,10 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
         "KUBECONFIG": str(control_plane.kubeconfig),
     }
     denied = f"{namespace}-deny"  # the deny scheduler's pods, counted apart
+    skipping = f"{namespace}-skip"  # the third scheduler's (deny, `ignorable: true`)
     ensure_namespace(core, denied)
+    ensure_namespace(core, skipping)
+    skip_bindings = BindingWatch(core, skipping)
     deny_bindings = BindingWatch(core, denied)
     extender, url = start_extender(tmp_path, env)
     deny_extender, deny_url = start_extender(tmp_path, {**env, "ON_MISSING_METRICS": "deny"})
@@ -273,6 +279,10 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     )
     deny_config["profiles"][0]["schedulerName"] = DENY_SCHEDULER
     deny_scheduler = control_plane.start_scheduler(deny_config, name="faults-scheduler-prometheus-deny")
+    skip_config = rendered_scheduler_config(tmp_path / "render-skip", kube_scheduler_extender_url_prefix=deny_proxy.url)
+    assert skip_config["extenders"][0]["ignorable"] is True  # the role's default
+    skip_config["profiles"][0]["schedulerName"] = SKIP_SCHEDULER
+    skip_scheduler = control_plane.start_scheduler(skip_config, name="faults-scheduler-prometheus-skip")
     third = BURST // 3
     try:
         assert readyz(url)["metrics_blind"] is False
@@ -303,11 +313,13 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
 
         wave(core, namespace, third, third)  # the second third, placed blind
         wave(core, denied, DENY_PODS, DENY_PODS, scheduler=DENY_SCHEDULER, prefix="deny")  # these must wait
+        wave(core, skipping, 0, DENY_PODS, scheduler=SKIP_SCHEDULER, prefix="skip")  # these skip the extender
         assert bindings.wait(2 * third, timeout=60), f"bound while blind: {len(bindings.bound) - third} of {third}"
         placed_blind = set(bindings.bound) - seeing
         assert readyz(url)["metrics_blind"] is True  # all of them placed while blind
         blind_on_hot = sorted(pod for pod in placed_blind if bindings.bound[pod][0] in HOT)
 
+        assert skip_bindings.wait(DENY_PODS, timeout=60), f"ignorable, bound while blind: {len(skip_bindings.bound)}"
         time.sleep(max(0.0, killed + OUTAGE - time.monotonic()))
         deny_bound_blind = sorted(set(deny_bindings.bound) - {f"deny-{i}" for i in range(DENY_PODS)})
         back = prometheus.restart()  # wall-clock time, as Prometheus dates its samples
@@ -335,11 +347,14 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     finally:
         control_plane.stop_component(scheduler)
         control_plane.stop_component(deny_scheduler)
+        control_plane.stop_component(skip_scheduler)
         deny_proxy.close()
         stop_process(extender)
         stop_process(deny_extender)
         deny_bindings.stop()
+        skip_bindings.stop()
         core.delete_collection_namespaced_pod(denied, grace_period_seconds=0)
+        core.delete_collection_namespaced_pod(skipping, grace_period_seconds=0)
     # Each target's first scrape after the restart, as Prometheus dated it.
     one_per_target = f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{Hostname=~"{NODES[0]}|{NODES[100]}",GPU_I_ID="1"}}[3m]'
     scrapes = httpx.get(f"{prometheus.url}/api/v1/query", params={"query": one_per_target}).json()["data"]["result"]
@@ -356,6 +371,9 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     deny_log = (control_plane.workdir / "faults-scheduler-prometheus-deny.log").read_text(errors="replace").splitlines()
     deny_refused = sum("Unable to schedule pod" in line and f'"{denied}/' in line for line in deny_log)
     deny_failed = sum("Error scheduling pod" in line and f'"{denied}/' in line for line in deny_log)
+    skip_log = (control_plane.workdir / "faults-scheduler-prometheus-skip.log").read_text(errors="replace")
+    skipped = skip_log.count("Skipping extender as it returned error and has ignorable flag set")
+    skip_on_hot = sorted(f"{pod}->{node}" for pod, (node, _) in skip_bindings.bound.items() if node in HOT)
     print(
         f"\nPrometheus killed after {len(seeing)} of {BURST} bindings, back {down:.1f} s later; the extender blind "
         f"{went_blind:.1f} s after the kill (METRICS_MAX_AGE_SECONDS {MAX_AGE}, scrape {SCRAPE} s); "
@@ -369,7 +387,9 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
         f"the last target's first scrape ({deny_admitted - back:.2f} s after Prometheus ready); the pods that "
         f"waited placed from {deny_placed:.2f} s to {deny_all_placed:.2f} s after Prometheus ready (Service probe "
         f"{PROBE_PERIOD} s, scheduler backoff up to {MAX_BACKOFF} s), {len(deny_on_hot)} deny pods on hot nodes; "
-        f"attempts refused by the deny extender {deny_refused}, failed on its Service {deny_failed}"
+        f"attempts refused by the deny extender {deny_refused}, failed on its Service {deny_failed}. deny with "
+        f"ignorable true: {len(skip_bindings.bound)} of {DENY_PODS} pods created in the outage placed in it, "
+        f"{len(skip_on_hot)} on hot nodes; extender calls skipped {skipped}"
     )
     # While it saw: no hot node. Blind, under allow: placed as without the extender, so some went to the hot nodes
     # (they are the emptiest: the first third avoided them) - decisions did follow the policy, not the old samples.
@@ -386,6 +406,10 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     assert deny_admitted - firsts[-1] <= REFRESH + PROBE_PERIOD + RECOVERY_SLACK
     assert len(waited) == DENY_PODS and min(waited.values()) >= admitted, waited
     assert max(waited.values()) - admitted <= MAX_BACKOFF + BACKOFF_FLUSH + RECOVERY_SLACK
+    # deny, `ignorable: true`: a Service without a ready endpoint is an error the scheduler skips, so the pods
+    # created in the outage were placed in it, blind (bound before Prometheus came back).
+    assert len(skip_bindings.bound) == DENY_PODS and max(t for _, t in skip_bindings.bound.values()) < back_at
+    assert skipped >= 1, skip_log[-3000:]
     assert deny_on_hot == []
     log = "".join(path.read_text() for path in tmp_path.glob("extender-*.log"))
     assert log.count("decisions use no GPU") >= 2  # the WARNING line operators grep for, from both
