@@ -12,17 +12,28 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 CHUNK = 65536
 
 
 class RoundRobinProxy:
-    def __init__(self, backends: list[tuple[str, int]], on_send: Callable[[int, bytes], None] | None = None):
+    def __init__(
+        self,
+        backends: list[tuple[str, int]],
+        on_send: Callable[[int, bytes], None] | None = None,
+        drop_after: float = 0.0,
+    ):
         self.backends = list(backends)
         self.alive = [True] * len(backends)
         self.connections = [0] * len(backends)  # client connections sent to each backend
         self.dropped: list[int] = []  # backends dropped after a failed connect, in order
+        # A Service slow to drop a dead endpoint: for this long after a backend's first failed connect, connections
+        # still go to it in turn and fail (the client's connection is closed), then it is dropped.
+        self.drop_after = drop_after
+        self.failed_connects = [0] * len(backends)  # client connections lost on a dead backend
+        self._first_failure: dict[int, float] = {}
         self.on_send = on_send or (lambda backend, data: None)
         self._next = 0
         self._lock = threading.Lock()
@@ -50,15 +61,25 @@ class RoundRobinProxy:
             self._next = index + 1
             return index
 
+    def send_next_to(self, index: int) -> None:
+        """The next client connection goes to backend `index` (as a Service's random pick may send it)."""
+        with self._lock:
+            self._next = index
+
     def _connect(self) -> tuple[int, socket.socket] | None:
         while (index := self._pick()) is not None:
             try:
                 return index, socket.create_connection(self.backends[index], timeout=2)
             except OSError:
                 with self._lock:
-                    if self.alive[index]:
+                    self.failed_connects[index] += 1
+                    first = self._first_failure.setdefault(index, time.monotonic())
+                    slow_to_drop = time.monotonic() - first < self.drop_after
+                    if self.alive[index] and not slow_to_drop:
                         self.alive[index] = False
                         self.dropped.append(index)
+                if slow_to_drop:
+                    return None  # the connection went to the dead endpoint: it fails, no other is tried
         return None
 
     def _serve(self, client: socket.socket) -> None:
@@ -99,3 +120,43 @@ class RoundRobinProxy:
         for sock in open_sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+class ServiceProxy(RoundRobinProxy):
+    """A RoundRobinProxy that sends new connections only to the backends whose readiness probe answers 200, as a
+    Service sends only to ready endpoints: every `period` s it probes each backend's `probe_path` and admits or
+    withdraws it. `admitted` records when each backend was admitted (index, time.monotonic()), in order; a
+    backend can be replaced (`replace`: a restarted pod on a new port), and is then withdrawn until it is ready."""
+
+    def __init__(self, backends: list[tuple[str, int]], probe_path: str = "/readyz", period: float = 0.5, **kwargs):
+        super().__init__(backends, **kwargs)
+        self.probe_path, self.period = probe_path, period
+        self.alive = [False] * len(self.backends)  # nothing is ready before its first probe
+        self.admitted: list[tuple[int, float]] = []
+        threading.Thread(target=self._probe_loop, name="proxy-probe", daemon=True).start()
+
+    def replace(self, index: int, backend: tuple[str, int]) -> None:
+        with self._lock:
+            self.backends[index] = backend
+            self.alive[index] = False
+            self._first_failure.pop(index, None)
+
+    def _ready(self, backend: tuple[str, int]) -> bool:
+        try:
+            with socket.create_connection(backend, timeout=1) as sock:
+                sock.settimeout(1)
+                sock.sendall(f"GET {self.probe_path} HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n".encode())
+                return sock.recv(64).startswith(b"HTTP/1.1 200")
+        except OSError:
+            return False
+
+    def _probe_loop(self) -> None:
+        while not self._closed.wait(self.period):
+            for index, backend in enumerate(list(self.backends)):
+                ready = self._ready(backend)
+                with self._lock:
+                    if backend != self.backends[index]:
+                        continue  # replaced while probing
+                    if ready and not self.alive[index]:
+                        self.admitted.append((index, time.monotonic()))
+                    self.alive[index] = ready
