@@ -122,7 +122,14 @@ SUITES = {
                 "test_plugin_args",
             )
         ),
-        (("extender/src", "src"), ("extender/tests", "tests"), ("extender/pyproject.toml", "pyproject.toml")),
+        (
+            ("extender/src", "src"),
+            ("extender/tests", "tests"),
+            ("extender/pyproject.toml", "pyproject.toml"),
+            # What the settings' and the args' tests compare the code with: the README's table, GPUScore's args.
+            ("extender/README.md", "README.md"),
+            ("k8s/gpuscore/args_types.go", "k8s/gpuscore/args_types.go"),
+        ),
         ("-m", "not integration"),
         (
             ("scoring.py", ("tests/test_scoring.py", "tests/test_strategies.py")),
