@@ -156,3 +156,46 @@ def test_the_prometheus_ca_and_token_files_as_the_plugin_reads_them():
     assert check_plugin_args({"prometheusURL": "http://p:9090", "prometheusTokenFile": "/etc/t/token"}) == []
     # Empty is Go's zero value, no file: not the path "." (which would break the CA rule over http).
     assert check_plugin_args({"prometheusCAFile": "", "prometheusTokenFile": ""}) == []
+
+
+# The plugin's own words for each kind of range and list of choices (its validation's messages, written out here
+# so that a change to how they are built shows).
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        ({"gpuUtilThreshold": 0}, "gpuUtilThreshold: 0 is not in (0, 1]"),
+        ({"weightGPUUtil": 1.5}, "weightGPUUtil: 1.5 is not in [0, 1]"),
+        ({"packTargetUtil": 1}, "packTargetUtil: 1 is not in (0, 1)"),
+        ({"autoHysteresis": -0.25}, "autoHysteresis: -0.25 is not in [0, 1)"),
+        ({"metricsMaxAgeSeconds": -1}, "metricsMaxAgeSeconds: -1 is not in [0, +Inf]"),
+        ({"inflightMaxSeconds": 0}, "inflightMaxSeconds: 0 is not in (0, +Inf]"),
+        ({"prometheusTimeoutSeconds": 61}, "prometheusTimeoutSeconds: 61 is not in (0, 60]"),
+        ({"scoringStrategy": "fastest"}, 'scoringStrategy: must be spread, pack or auto (got "fastest")'),
+        ({"onMissingMetrics": "maybe"}, 'onMissingMetrics: must be allow or deny (got "maybe")'),
+        ({"metricsSource": "file"}, 'metricsSource: must be prometheus or push (got "file")'),
+        ({"nodeNameLabels": ["Hostname", 1]}, "nodeNameLabels: must be a list of strings"),
+        ({"nodeNameLabels": None}, "nodeNameLabels: needs at least one label name, e.g. Hostname,hostname"),
+        (
+            {"sharedResources": {"nvidia.com/gpu": "2"}},
+            "sharedResources: must be a mapping of resource name to whole replicas",
+        ),
+    ],
+)
+def test_each_kind_of_problem_is_worded_as_the_plugin_words_it(args, problem):
+    assert check_plugin_args(args) == [problem]
+
+
+def test_a_null_mapping_is_empty_and_a_null_number_keeps_its_default():
+    assert check_plugin_args({"sharedResources": None, "gpuUtilThreshold": None, "prometheusURL": None}) == []
+
+
+def test_every_unknown_argument_and_every_wrong_one_is_said_not_only_the_first():
+    assert check_plugin_args({"aaa": 1, "gpuUtilThreshold": "high", "zzz": 2}) == [
+        "aaa: unknown argument",
+        "gpuUtilThreshold: must be a number",
+        "zzz: unknown argument",
+    ]
+
+
+def test_an_empty_file_name_is_no_file_and_the_arguments_after_it_are_still_read():
+    assert check_plugin_args({"prometheusCAFile": "", "zzz": 1}) == ["zzz: unknown argument"]

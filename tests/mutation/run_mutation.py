@@ -120,6 +120,7 @@ SUITES = {
                 "test_app",
                 "test_config",
                 "test_plugin_args",
+                "test_settings_contract_file",
             )
         ),
         (
@@ -136,7 +137,7 @@ SUITES = {
             ("pods.py", ("tests/test_pods.py",)),
             ("wire.py", ("tests/test_wire.py", "tests/test_pods.py")),
             ("snapshot.py", ("tests/test_snapshot.py",)),
-            ("settings_contract.py", ("tests/test_config.py", "tests/test_plugin_args.py")),
+            ("settings_contract.py", ("tests/test_settings_contract_file.py", "tests/test_config.py")),
             ("plugin_args.py", ("tests/test_plugin_args.py",)),
         ),
     ),
