@@ -146,3 +146,71 @@ def test_defaults_leave_scoring_as_it_was():
     settings_policy = Policy.from_settings(load_settings())
     assert settings_policy.shared_resources == () and settings_policy.interference_weight == 0.0
     assert settings_policy.shared_mem_free_min == 0.0  # off unless set
+
+
+# Every branch of the shared-device judgement, its whole verdict written out (passed, score, outcome, reason): the
+# reasons are what kube-scheduler logs and the conformance vectors hold, so each word is part of the rule.
+SHARED_MEM = Policy(shared_resources=((MIG1G, 4), (GPU, 2)), shared_mem_free_min=0.3)
+OVER = Outcome.OVERLOADED
+
+
+@pytest.mark.parametrize(
+    ("devices", "resource", "assumed", "verdict"),
+    [
+        (
+            [DeviceMetrics("a", 0.1, 0.1, 4), DeviceMetrics("b", 0.1, 0.1, 4)],
+            MIG1G,
+            None,
+            (False, 0, OVER, f"n: every {MIG1G} replica taken (4 per device)"),
+        ),
+        (
+            [DeviceMetrics("a", 0.85, 0.1, 1), DeviceMetrics("b", 0.1, 0.1, 2)],
+            MIG1G,
+            None,
+            (False, 0, OVER, f"n: the device plugin may share a busy {MIG1G} instance (a: util 0.85 > 0.80, mem 0.10; "
+             "1 pod(s), 1 equally used)"),
+        ),
+        (
+            [DeviceMetrics("g0", 0.9, 0.1, 1), DeviceMetrics("g1", 0.9, 0.5, 1)],
+            GPU,
+            None,
+            (False, 0, OVER, f"n: the device plugin may share a busy {GPU} GPU (g0: util 0.90 > 0.80, mem 0.10; "
+             "1 pod(s), 2 equally used)"),
+        ),
+        (
+            [DeviceMetrics("a", 0.2, 0.8, 1), DeviceMetrics("b", 0.1, 0.1, 2)],
+            MIG1G,
+            None,
+            (False, 0, OVER, f"n: the device plugin may share a {MIG1G} instance short of memory (a: mem 0.80, less "
+             "than SHARED_MEM_FREE_MIN 0.3 free; 1 pod(s))"),
+        ),
+        (
+            [DeviceMetrics("a", 0.2, 0.1, 1), DeviceMetrics("b", 0.4, 0.5, 1), DeviceMetrics("c", 0.0, 0.0, 3)],
+            MIG1G,
+            None,
+            (True, 7, Outcome.PASS, f"n: spread: shared {MIG1G} x4, 2 device(s) it may get, mean load 0.30, score 7"),
+        ),
+        (  # the pod bound since the sample took a's replica: a and b now tie
+            [DeviceMetrics("a", 0.2, 0.1, 1), DeviceMetrics("b", 0.4, 0.5, 2)],
+            MIG1G,
+            {MIG1G: 1},
+            (True, 7, Outcome.PASS, f"n: spread: shared {MIG1G} x4, 2 device(s) it may get, mean load 0.30, score 7"),
+        ),
+        (
+            [DeviceMetrics("a", 0.2, 0.1, 1), DeviceMetrics("b", 0.4, 0.5, 2)],
+            MIG1G,
+            None,
+            (True, 8, Outcome.PASS, f"n: spread: shared {MIG1G} x4, 1 device(s) it may get, mean load 0.17, score 8"),
+        ),
+        (  # no pod mapping in the sample: judged as exclusive devices
+            [DeviceMetrics("a", 0.2, 0.1, None), DeviceMetrics("b", 0.4, 0.5, None)],
+            MIG1G,
+            None,
+            (True, 8, Outcome.PASS, f"n: spread: {MIG1G} score 8"),
+        ),
+    ],
+)  # fmt: skip
+def test_each_shared_verdict_in_full(devices, resource, assumed, verdict):
+    metrics = NodeMetrics("n", NOW - 1, {resource: tuple(devices)})
+    found = evaluate_node("n", metrics, (ResourceRequest(resource, 1),), SHARED_MEM, NOW, assumed=assumed)
+    assert (found.passed, found.score, found.outcome, found.reason) == verdict

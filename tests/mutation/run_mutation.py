@@ -109,6 +109,8 @@ SUITES = {
             f"tests/{name}.py"
             for name in (
                 "test_scoring",
+                "test_scoring_shared",
+                "test_scoring_claims",
                 "test_pods",
                 "test_wire",
                 "test_snapshot",
@@ -133,7 +135,15 @@ SUITES = {
         ),
         ("-m", "not integration"),
         (
-            ("scoring.py", ("tests/test_scoring.py", "tests/test_strategies.py")),
+            (
+                "scoring.py",
+                (
+                    "tests/test_scoring.py",
+                    "tests/test_strategies.py",
+                    "tests/test_scoring_shared.py",
+                    "tests/test_scoring_claims.py",
+                ),
+            ),
             ("pods.py", ("tests/test_pods.py",)),
             ("wire.py", ("tests/test_wire.py", "tests/test_pods.py")),
             ("snapshot.py", ("tests/test_snapshot.py",)),
