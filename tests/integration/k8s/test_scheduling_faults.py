@@ -17,7 +17,9 @@ kube_scheduler role renders and the bundled extender.
   scheduler without the extender would, hot nodes included; deny leaves the pods created in the outage Pending
   (none bound in the two minutes). Once Prometheus is back, the extenders see within one scrape plus one refresh,
   the last third avoids the hot nodes again, and the deny pods are placed, off the hot nodes, within one refresh
-  plus the Service's probe and the scheduler's backoff (the times are measured and printed).
+  plus the Service's probe and the scheduler's backoff (the times are measured and printed). GPUScore (plugin mode,
+  onMissingMetrics deny) reads the same Prometheus through the same outage: none of its pods created in it is bound
+  before Prometheus is back, and they are placed after, off the hot nodes.
 - The extender runs as two replicas behind a round-robin proxy (a Service, as far as the scheduler sees it); the
   replica serving the scheduler is killed (SIGKILL) with a filter call in flight, at the start of the second half
   of the burst. The proxy is slow to drop it (a Service whose endpoints are updated late): for SLOW_DROP s it still
@@ -92,6 +94,8 @@ PROMETHEUS_FIRST_SCRAPE = 5 + SCRAPE
 DENY_SCHEDULER = "gpufleet-scheduler-deny"  # a second scheduler, its extender under ON_MISSING_METRICS=deny
 DENY_PODS = 20  # its pods placed before the outage, and as many created in it (they must wait)
 SKIP_SCHEDULER = "gpufleet-scheduler-skip"  # a third, on the deny extender's Service with `ignorable: true`
+# A fourth: gpufleet-scheduler in plugin mode, GPUScore reading the same Prometheus with onMissingMetrics deny.
+GPUSCORE_SCHEDULER = "gpufleet-scheduler-gpuscore"
 # kube-scheduler's podMaxBackoffSeconds (its default: the role leaves it): a pod whose attempts failed on the
 # extender is tried again at most this long after its last failure.
 MAX_BACKOFF = 10
@@ -283,14 +287,42 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     assert skip_config["extenders"][0]["ignorable"] is True  # the role's default
     skip_config["profiles"][0]["schedulerName"] = SKIP_SCHEDULER
     skip_scheduler = control_plane.start_scheduler(skip_config, name="faults-scheduler-prometheus-skip")
+    # GPUScore in the scheduler's own process, as the role renders plugin mode, reading the same Prometheus (plain
+    # http here, which needs the role's opt-in; its token file holds a token this Prometheus does not check).
+    gpuscored = f"{namespace}-gpuscore"
+    ensure_namespace(core, gpuscored)
+    gpuscore_bindings = BindingWatch(core, gpuscored)
+    token = tmp_path / "gpuscore-token"
+    token.write_text("unchecked\n")
+    plugin_config = rendered_scheduler_config(
+        tmp_path / "render-gpuscore",
+        kube_scheduler_mode="plugin",
+        kube_scheduler_prometheus_allow_http=True,
+        gpufleet_metrics_recording_rules=False,  # the raw series: this Prometheus has no recording rules
+        kube_scheduler_plugin_extra_args={
+            "prometheusURL": prometheus.url,
+            "prometheusTokenFile": str(token),
+            "metricsRefreshSeconds": REFRESH,
+            "metricsMaxAgeSeconds": MAX_AGE,
+            "onMissingMetrics": "deny",
+            "exporterJob": "dcgm-exporter",
+            "exporterNamespace": EXPORTER_NAMESPACE,
+        },
+    )
+    plugin_config["profiles"][0]["schedulerName"] = GPUSCORE_SCHEDULER
+    gpuscore_scheduler = control_plane.start_scheduler(
+        plugin_config, binary="gpufleet-scheduler", name="faults-scheduler-prometheus-gpuscore"
+    )
     third = BURST // 3
     try:
         assert readyz(url)["metrics_blind"] is False
         wait_for(lambda: deny_proxy.alive[0], what="the deny extender in its Service")
         wave(core, namespace, 0, third)
         wave(core, denied, 0, DENY_PODS, scheduler=DENY_SCHEDULER, prefix="deny")
+        wave(core, gpuscored, 0, DENY_PODS, scheduler=GPUSCORE_SCHEDULER, prefix="gpuscore")
         assert bindings.wait(third, timeout=120), f"bound before the stop: {len(bindings.bound)}"
         assert deny_bindings.wait(DENY_PODS, timeout=60), f"deny, bound before the stop: {len(deny_bindings.bound)}"
+        assert gpuscore_bindings.wait(DENY_PODS, timeout=60), f"GPUScore, before: {len(gpuscore_bindings.bound)}"
         seeing = set(bindings.bound)
 
         prometheus.kill()
@@ -314,6 +346,9 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
         wave(core, namespace, third, third)  # the second third, placed blind
         wave(core, denied, DENY_PODS, DENY_PODS, scheduler=DENY_SCHEDULER, prefix="deny")  # these must wait
         wave(core, skipping, 0, DENY_PODS, scheduler=SKIP_SCHEDULER, prefix="skip")  # these skip the extender
+        # GPUScore's own blindness: its newest sample older than metricsMaxAgeSeconds too by now (the extenders'
+        # came first); these must wait under onMissingMetrics deny.
+        wave(core, gpuscored, DENY_PODS, DENY_PODS, scheduler=GPUSCORE_SCHEDULER, prefix="gpuscore")
         assert bindings.wait(2 * third, timeout=60), f"bound while blind: {len(bindings.bound) - third} of {third}"
         placed_blind = set(bindings.bound) - seeing
         assert readyz(url)["metrics_blind"] is True  # all of them placed while blind
@@ -322,6 +357,7 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
         assert skip_bindings.wait(DENY_PODS, timeout=60), f"ignorable, bound while blind: {len(skip_bindings.bound)}"
         time.sleep(max(0.0, killed + OUTAGE - time.monotonic()))
         deny_bound_blind = sorted(set(deny_bindings.bound) - {f"deny-{i}" for i in range(DENY_PODS)})
+        gpuscore_bound_blind = sorted(set(gpuscore_bindings.bound) - {f"gpuscore-{i}" for i in range(DENY_PODS)})
         back = prometheus.restart()  # wall-clock time, as Prometheus dates its samples
         back_at = time.monotonic()
         down = back_at - killed
@@ -344,7 +380,11 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
         wave(core, namespace, 2 * third, BURST - 2 * third)  # the last third, after the return
         assert bindings.wait(BURST, timeout=120), f"bound: {len(bindings.bound)} of {BURST}"
         assert deny_bindings.wait(2 * DENY_PODS, timeout=60), f"deny, bound: {len(deny_bindings.bound)}"
+        assert gpuscore_bindings.wait(2 * DENY_PODS, timeout=60), f"GPUScore, bound: {len(gpuscore_bindings.bound)}"
     finally:
+        control_plane.stop_component(gpuscore_scheduler)
+        gpuscore_bindings.stop()
+        core.delete_collection_namespaced_pod(gpuscored, grace_period_seconds=0)
         control_plane.stop_component(scheduler)
         control_plane.stop_component(deny_scheduler)
         control_plane.stop_component(skip_scheduler)
@@ -366,6 +406,10 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     deny_all_placed = max(waited.values()) - back_at
     deny_admitted = back + admitted - back_at  # the same moment on Prometheus' clock
     deny_on_hot = sorted(f"{pod}->{node}" for pod, (node, _) in deny_bindings.bound.items() if node in HOT)
+    gpuscore_waited = {
+        pod: seen for pod, (_, seen) in gpuscore_bindings.bound.items() if int(pod.split("-")[1]) >= DENY_PODS
+    }
+    gpuscore_on_hot = sorted(f"{p}->{node}" for p, (node, _) in gpuscore_bindings.bound.items() if node in HOT)
     # How the deny pods were held: refused by the extender (a connection it kept through its Service) or failed
     # on a Service without a ready endpoint; either way tried again.
     deny_log = (control_plane.workdir / "faults-scheduler-prometheus-deny.log").read_text(errors="replace").splitlines()
@@ -389,7 +433,10 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
         f"{PROBE_PERIOD} s, scheduler backoff up to {MAX_BACKOFF} s), {len(deny_on_hot)} deny pods on hot nodes; "
         f"attempts refused by the deny extender {deny_refused}, failed on its Service {deny_failed}. deny with "
         f"ignorable true: {len(skip_bindings.bound)} of {DENY_PODS} pods created in the outage placed in it, "
-        f"{len(skip_on_hot)} on hot nodes; extender calls skipped {skipped}"
+        f"{len(skip_on_hot)} on hot nodes; extender calls skipped {skipped}. GPUScore (onMissingMetrics deny): "
+        f"{len(gpuscore_bound_blind)} of {DENY_PODS} pods bound during the outage; those that waited placed from "
+        f"{min(gpuscore_waited.values()) - back_at:.2f} s to {max(gpuscore_waited.values()) - back_at:.2f} s after "
+        f"Prometheus ready, {len(gpuscore_on_hot)} of its pods on hot nodes"
     )
     # While it saw: no hot node. Blind, under allow: placed as without the extender, so some went to the hot nodes
     # (they are the emptiest: the first third avoided them) - decisions did follow the policy, not the old samples.
@@ -411,6 +458,14 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     assert len(skip_bindings.bound) == DENY_PODS and max(t for _, t in skip_bindings.bound.values()) < back_at
     assert skipped >= 1, skip_log[-3000:]
     assert deny_on_hot == []
+    # GPUScore under onMissingMetrics deny: nothing placed blind; once back, every pod that waited placed, off the
+    # hot nodes, within its refresh and the scheduler's backoff of the first scrapes.
+    assert gpuscore_bound_blind == []
+    assert len(gpuscore_waited) == DENY_PODS and min(gpuscore_waited.values()) >= back_at, gpuscore_waited
+    assert max(gpuscore_waited.values()) - back_at <= (
+        PROMETHEUS_FIRST_SCRAPE + REFRESH + MAX_BACKOFF + BACKOFF_FLUSH + RECOVERY_SLACK
+    )
+    assert gpuscore_on_hot == []
     log = "".join(path.read_text() for path in tmp_path.glob("extender-*.log"))
     assert log.count("decisions use no GPU") >= 2  # the WARNING line operators grep for, from both
 
