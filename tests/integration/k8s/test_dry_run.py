@@ -11,9 +11,9 @@ import pytest
 import yaml
 from conftest import ensure_namespace
 from fleet_matrix import FLEETS, write_fleet
+from gpufleet_testsupport.collection import render_roles
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
-from support import render_roles
 
 pytestmark = pytest.mark.integration
 

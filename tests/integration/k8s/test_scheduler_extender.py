@@ -7,18 +7,18 @@ kube-scheduler reads its configuration once, so each variant starts a scheduler 
 from __future__ import annotations
 
 import pytest
-from conftest import wait_for
-from scheduling import (
+from gpufleet_testsupport.extender import start_extender
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.processes import stop_process
+from gpufleet_testsupport.scheduling import (
     MIG_RESOURCE,
     create_nodes,
     create_pods,
     gpu_pod,
     rendered_scheduler_config,
-    start_extender,
-    stop_process,
     write_mig_metrics,
 )
-from support import free_port
+from gpufleet_testsupport.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

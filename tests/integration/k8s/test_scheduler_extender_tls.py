@@ -11,18 +11,18 @@ import ssl
 
 import httpx
 import pytest
-from conftest import wait_for
-from controlplane import serving_files
-from scheduling import (
+from gpufleet_testsupport.controlplane import serving_files
+from gpufleet_testsupport.extender import start_extender
+from gpufleet_testsupport.processes import stop_process
+from gpufleet_testsupport.scheduling import (
     MIG_RESOURCE,
     create_nodes,
     create_pods,
     gpu_pod,
     rendered_scheduler_config,
-    start_extender,
-    stop_process,
     write_mig_metrics,
 )
+from gpufleet_testsupport.waits import wait_for
 
 pytestmark = pytest.mark.integration
 

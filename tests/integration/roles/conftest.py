@@ -6,17 +6,17 @@ what `apply` mode hands to kubernetes.core (both modes share the k8s_manifests r
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
+from gpufleet_testsupport.collection import collections_path
+from gpufleet_testsupport.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tests"))
-
-from support import free_port, render_roles, run_playbook, try_render, write_inventory  # noqa: E402, F401  (re-exported to the tests)
+# The collection importable as ansible_collections.gpufleet.mig for every test here, before their modules load.
+collections_path()
 
 # The Kubernetes version manifests are validated against (strict: unknown fields fail).
 KUBERNETES_VERSION = "1.37.0"

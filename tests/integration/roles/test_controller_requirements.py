@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import try_render
+from gpufleet_testsupport.collection import try_render
 
 
 @pytest.mark.parametrize(

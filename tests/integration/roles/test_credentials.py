@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from support import try_render
+from gpufleet_testsupport.collection import try_render
 
 KEY = "prometheusAuthToken"
 

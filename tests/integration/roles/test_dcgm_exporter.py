@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import closed_port_kubeconfig, load_manifests, render_roles, run_playbook, try_render, validate_manifests
+from conftest import closed_port_kubeconfig, load_manifests, validate_manifests
+from gpufleet_testsupport.collection import render_roles, run_playbook, try_render
 
 PROFILING = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 

@@ -11,8 +11,8 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
-from conftest import load_manifests, render_roles, try_render, validate_manifests
-from support import require_tool
+from conftest import load_manifests, validate_manifests
+from gpufleet_testsupport.collection import render_roles, require_tool, try_render
 
 # descheduler v1alpha2 fields (pkg/api/v1alpha2/types.go, LowNodeUtilizationArgs, DefaultEvictorArgs).
 POLICY_FIELDS = {

@@ -16,20 +16,17 @@ import copy
 import json
 import re
 import shutil
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_playbook
-
-sys.path.insert(0, str(REPO / "build/collections"))
-
 from ansible_collections.gpufleet.mig.plugins.module_utils.host_gpus import host_gpus
 from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import product_table
+from conftest import REPO
 from fleet_matrix import FLEETS, L4, mig, write_fleet
 from gpufleet_lab import lab_hosts
+from gpufleet_testsupport.collection import run_playbook
 
 HARBOUR = REPO / "tests/data/fleets/harbour"
 

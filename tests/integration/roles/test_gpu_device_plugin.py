@@ -4,17 +4,18 @@ the changed nodes, success once the node advertises its layout, a failure naming
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
-from conftest import REPO, load_manifests, render_roles, run_playbook, try_render, validate_manifests
-from support import run_refresh
+from conftest import REPO, load_manifests, validate_manifests
+from gpufleet_testsupport import servers
+from gpufleet_testsupport.collection import render_roles, run_playbook, run_refresh, try_render
+from gpufleet_testsupport.servers import QuietHandler
 
 GPU_NODE_SELECTOR = {"gpufleet.io/gpu-node": "true"}
 
@@ -360,36 +361,22 @@ class FakeCluster:
 @pytest.fixture
 def serve():
     """Start a FakeCluster on 127.0.0.1 (plain HTTP); returns (cluster, url). Stopped after the test."""
-    servers = []
+    with contextlib.ExitStack() as stack:
 
-    def start(cluster: FakeCluster) -> str:
-        class Handler(BaseHTTPRequestHandler):
-            def _reply(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                code, body = cluster.handle(self.command, self.path)
-                payload = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+        def start(cluster: FakeCluster) -> str:
+            class Handler(QuietHandler):
+                def _reply(self):
+                    length = int(self.headers.get("Content-Length") or 0)
+                    if length:
+                        self.rfile.read(length)
+                    code, body = cluster.handle(self.command, self.path)
+                    self.send_json(body, code)
 
-            do_GET = do_DELETE = _reply
+                do_GET = do_DELETE = _reply
 
-            def log_message(self, *args):
-                pass
+            return servers.url(stack.enter_context(servers.serve(Handler)))
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+        yield start
 
 
 def write_kubeconfig(tmp_path, url: str):

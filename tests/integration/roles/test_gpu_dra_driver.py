@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import REPO, load_manifests, render_roles, run_playbook, try_render, validate_manifests
-from support import collections_path
+from conftest import REPO, load_manifests, validate_manifests
+from gpufleet_testsupport.collection import collections_path, render_roles, run_playbook, try_render
 
 collections_path()  # ansible_collections.gpufleet.mig importable
 from ansible_collections.gpufleet.mig.plugins.filter.tenants_model import dra_device_class  # noqa: E402

@@ -16,19 +16,11 @@ import threading
 
 import pytest
 import yaml
-from conftest import (
-    REPO,
-    closed_port_kubeconfig,
-    load_manifests,
-    render_roles,
-    run_playbook,
-    try_render,
-    validate_manifests,
-    write_inventory,
-)
+from conftest import REPO, closed_port_kubeconfig, load_manifests, validate_manifests
 from cryptography import x509
 from gpufleet_extender.config import Settings
 from gpufleet_extender.scoring import Policy
+from gpufleet_testsupport.collection import render_roles, run_playbook, try_render, write_inventory
 
 SELECTOR = {"app.kubernetes.io/name": "gpufleet-extender", "app.kubernetes.io/component": "scheduler-extender"}
 PART_OF = {"app.kubernetes.io/part-of": "gpufleet", "app.kubernetes.io/managed-by": "gpufleet.mig"}

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import REPO, load_manifests, render_roles, try_render
+from conftest import REPO, load_manifests
+from gpufleet_testsupport.collection import render_roles, try_render
 
 # role -> the image variables it declares (kube_scheduler runs the stock image or gpufleet-scheduler).
 IMAGE_ROLES = {

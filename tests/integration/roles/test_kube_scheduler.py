@@ -21,19 +21,12 @@ from typing import Literal
 
 import pytest
 import yaml
-from conftest import (
-    REPO,
-    closed_port_kubeconfig,
-    free_port,
-    load_manifests,
-    run_playbook,
-    validate_manifests,
-    write_inventory,
-)
-from conftest import render_roles as render_inventory
+from conftest import REPO, closed_port_kubeconfig, load_manifests, validate_manifests
 from gpufleet_extender.settings_contract import SETTINGS
+from gpufleet_testsupport.collection import LAB, run_playbook, write_inventory
+from gpufleet_testsupport.collection import render_roles as render_inventory
+from gpufleet_testsupport.ports import free_port
 from pydantic import BaseModel, ConfigDict, Field
-from support import LAB
 
 ROLE = "gpufleet.mig.kube_scheduler"
 

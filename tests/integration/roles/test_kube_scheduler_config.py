@@ -6,22 +6,11 @@ manifest patch. The configurations are tests/scheduler_config_corpus.py's, which
 from __future__ import annotations
 
 import copy
-import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import yaml
-
-REPO = Path(__file__).resolve().parents[3]
-# Import the collection as ansible_collections.gpufleet.mig without depending on `make collection-link`.
-_TREE = Path(tempfile.mkdtemp(prefix="gpufleet-collections-"))
-(_TREE / "ansible_collections" / "gpufleet").mkdir(parents=True)
-(_TREE / "ansible_collections" / "gpufleet" / "mig").symlink_to(REPO)
-sys.path.insert(0, str(_TREE))
-
-from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError  # noqa: E402
-from ansible_collections.gpufleet.mig.plugins.module_utils.kube_scheduler_config import (  # noqa: E402
+from ansible_collections.gpufleet.mig.plugins.module_utils.exceptions import MigError
+from ansible_collections.gpufleet.mig.plugins.module_utils.kube_scheduler_config import (
     ManifestError,
     is_extended_resource_name,
     parse_go_duration,
@@ -29,7 +18,8 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.kube_scheduler_config
     scheduler_config_errors,
     unpatch_static_pod_manifest,
 )
-from scheduler_config_corpus import (  # noqa: E402  (tests/ is on sys.path: conftest.py)
+from gpufleet_testsupport.collection import REPO
+from scheduler_config_corpus import (
     BAD_DURATIONS,
     BAD_RESOURCE_NAMES,
     GOOD_DURATIONS,

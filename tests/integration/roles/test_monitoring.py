@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import yaml
-from conftest import REPO, load_manifests, render_roles, try_render, validate_manifests
+from conftest import REPO, load_manifests, validate_manifests
+from gpufleet_testsupport.collection import render_roles, try_render
 
 FILES = REPO / "roles" / "monitoring" / "files"
 RULES = yaml.safe_load((FILES / "gpufleet-alerts.rules.yml").read_text())

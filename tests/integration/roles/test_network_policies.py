@@ -8,7 +8,8 @@ away on their own, so losing either one fails a test."""
 from __future__ import annotations
 
 import pytest
-from conftest import load_manifests, render_roles
+from conftest import load_manifests
+from gpufleet_testsupport.collection import render_roles
 from netpol import Cluster, Endpoint, workload_endpoints
 
 TENANT_NAMESPACES = ("llm-inference", "imagegen", "finnlp", "finnlp-batch")

@@ -8,8 +8,8 @@ import json
 import re
 import sys
 
-from conftest import REPO, run_playbook, write_inventory
-from support import collections_path
+from conftest import REPO
+from gpufleet_testsupport.collection import collections_path, run_playbook, write_inventory
 
 COLLECTIONS_PATH = collections_path()  # makes ansible_collections.gpufleet.mig importable
 

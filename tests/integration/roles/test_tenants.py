@@ -8,15 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import (
-    REPO,
-    closed_port_kubeconfig,
-    load_manifests,
-    render_roles,
-    run_playbook,
-    validate_manifests,
-    write_inventory,
-)
+from conftest import REPO, closed_port_kubeconfig, load_manifests, validate_manifests
+from gpufleet_testsupport.collection import render_roles, run_playbook, write_inventory
 
 TENANT_KEY = "gpufleet.io/tenant"
 DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import REPO, try_render
+from gpufleet_testsupport.collection import REPO, try_render
 
 OWNED_KINDS = {
     (entry["api_version"], entry["kind"])

@@ -27,9 +27,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from support import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+from gpufleet_testsupport.collection import REPO
+from gpufleet_testsupport.ports import free_port
+
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 # kubeadm's default Service CIDR: the lab's inventory pins the extender's ClusterIP inside it.
 SERVICE_CIDR = "10.96.0.0/12"
@@ -90,6 +91,10 @@ def _issue(
         .not_valid_after(now + datetime.timedelta(days=2))
         .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True)
     )
+    if is_ca:  # certificate and CRL signing: a CA without key usage fails strict verification (Python 3.13's default)
+        builder = builder.add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
     if server_names:
         import ipaddress
 

@@ -3,17 +3,17 @@ from a dcgm-exporter exposition a test sets, only to the bearer token in its tok
 
 from __future__ import annotations
 
-import json
 import ssl
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-from controlplane import serving_files
 from gpufleet_extender.metrics_source import parse_exposition
-from scheduling import write_mig_metrics
+
+from gpufleet_testsupport import servers
+from gpufleet_testsupport.controlplane import serving_files
+from gpufleet_testsupport.scheduling import write_mig_metrics
+from gpufleet_testsupport.servers import QuietHandler
 
 PROFILE = "1g.10gb"
 
@@ -31,12 +31,10 @@ class FakePrometheus:
         self.token_file = workdir / "prometheus-token"
         self.rotate_token("first-token")
         self.authorizations: list[str] = []  # the Authorization header of every query, in order
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(pki["tls.crt"], pki["tls.key"])
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = servers.start(self._handler(), context)
+        self.url = servers.url(self.server)
 
     def rotate_token(self, token: str) -> None:
         """A new token, accepted from now on (the old one no more), written where the plugin reads it."""
@@ -74,29 +72,18 @@ class FakePrometheus:
     def _handler(self):
         prometheus = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self):
                 query = parse_qs(urlparse(self.path).query).get("query", [""])[0]
                 authorization = self.headers.get("Authorization", "")
                 prometheus.authorizations.append(authorization)
                 if authorization != f"Bearer {prometheus.token}":
-                    body = json.dumps({"status": "error", "errorType": "unauthorized", "error": "bad token"}).encode()
-                    self.send_response(401)
+                    self.send_json({"status": "error", "errorType": "unauthorized", "error": "bad token"}, 401)
                 else:
-                    body = json.dumps(
-                        {"status": "success", "data": {"resultType": "vector", "result": prometheus.answer(query)}}
-                    ).encode()
-                    self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
+                    result = prometheus.answer(query)
+                    self.send_json({"status": "success", "data": {"resultType": "vector", "result": result}})
 
         return Handler
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        servers.stop(self.server)

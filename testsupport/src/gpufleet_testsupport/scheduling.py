@@ -6,10 +6,7 @@ for them, the bundled extender as a process, and the scheduler configuration the
 from __future__ import annotations
 
 import contextlib
-import os
-import ssl
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,10 +14,13 @@ from pathlib import Path
 
 import httpx
 import yaml
-from exposition import DeviceLoad, render_exposition
 from kubernetes import client as k8s
 from kubernetes import watch
-from support import free_port, try_render
+
+from gpufleet_testsupport.collection import try_render
+from gpufleet_testsupport.exposition import DeviceLoad, render_exposition
+from gpufleet_testsupport.processes import stop_process
+from gpufleet_testsupport.prometheus import Exporter, launch
 
 MIG_PROFILE = "2g.20gb"
 MIG_RESOURCE = f"nvidia.com/mig-{MIG_PROFILE}"
@@ -151,44 +151,15 @@ class MetricsEndpoint:
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> str:
-        import http.server
-
         path = self.metrics_file
-
-        class Exporter(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                payload = path.read_bytes()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                with contextlib.suppress(ConnectionError):  # Prometheus gave up on a slow scrape; it tries again
-                    self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.exporter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
-        threading.Thread(target=self.exporter.serve_forever, daemon=True).start()
-        port = free_port()
-        config = self.workdir / "prometheus.yml"
-        config.write_text(
+        self.exporter = Exporter(lambda _path: path.read_text())
+        self.process, url = launch(
+            self.workdir,
             "global: {scrape_interval: 10s, scrape_timeout: 10s}\n"
             "scrape_configs:\n  - job_name: dcgm-exporter\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{self.exporter.server_address[1]}']}}]\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{self.exporter.port}']}}]\n",
+            binary=self.prometheus_binary,
         )
-        log = (self.workdir / "prometheus.log").open("w")
-        self.process = subprocess.Popen(
-            [
-                self.prometheus_binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={self.workdir / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -199,57 +170,12 @@ class MetricsEndpoint:
                 pass
             time.sleep(0.5)
         self.__exit__()
-        raise RuntimeError(f"Prometheus did not scrape the metrics in 120 s: see {log.name}")
+        raise RuntimeError(f"Prometheus did not scrape the metrics in 120 s: see {self.workdir / 'prometheus.log'}")
 
     def __exit__(self, *exc) -> None:
         if self.process:
             stop_process(self.process)
-        self.exporter.shutdown()
-        self.exporter.server_close()
-
-
-def start_extender(
-    workdir: Path, env: dict[str, str], tls: dict[str, Path] | None = None, server_name: str | None = None
-) -> tuple[subprocess.Popen, str]:
-    """The bundled extender (`gpufleet-extender serve`) on a free 127.0.0.1 port; returns it once /readyz answers.
-    With `tls` (controlplane.serving_files) it serves https with that certificate, checked against `server_name`
-    when the certificate is for a name rather than 127.0.0.1."""
-    port = free_port()
-    log = (workdir / f"extender-{port}.log").open("w")
-    tls_args = ["--tls-cert-file", str(tls["tls.crt"]), "--tls-key-file", str(tls["tls.key"])] if tls else []
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet_extender", "serve", "--host", "127.0.0.1", "--port", str(port), *tls_args],
-        env={**os.environ, **env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
-    verify = ssl.create_default_context(cafile=str(tls["ca.crt"])) if tls else True
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the extender exited with {process.returncode}: see {log.name}")
-        try:
-            extensions = {"sni_hostname": server_name} if server_name else None
-            with httpx.Client(verify=verify, timeout=2) as client:
-                ready = client.get(f"{url}/readyz", extensions=extensions).status_code == 200
-            if ready:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    stop_process(process)
-    raise RuntimeError(f"the extender was not ready in 120 s: see {log.name}")
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        self.exporter.close()
 
 
 def rendered_scheduler_config(tmp_path: Path, **role_vars) -> dict:

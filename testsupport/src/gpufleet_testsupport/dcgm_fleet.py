@@ -11,11 +11,9 @@ and a real Prometheus (Debian's package) scrapes them: `FleetPrometheus`.
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import random
 import subprocess
-import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -23,7 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from support import free_port
+
+from gpufleet_testsupport import servers
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.prometheus import launch
+from gpufleet_testsupport.servers import QuietHandler
 
 POOLS = ("finnlp", "imagegen", "llm")
 # Per pool, per GPU: the MIG profiles of its instances (None: MIG off, a whole GPU).
@@ -117,31 +119,21 @@ class FleetExporter:
     def __init__(self, fleet: Fleet):
         shards = fleet.shards
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 try:
                     payload = shards[int(self.path.rsplit("/", 1)[1])]
                 except (ValueError, IndexError):
                     self.send_error(404)
                     return
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                with contextlib.suppress(ConnectionError):
-                    self.wfile.write(payload)
+                self.send_body(payload)
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = servers.start(Handler)
         self.port = self.server.server_address[1]
         self.shards = len(shards)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        servers.stop(self.server)
 
 
 class FleetPrometheus:
@@ -216,17 +208,7 @@ class FleetPrometheus:
         return f"http://127.0.0.1:{self.port}"
 
     def _launch(self) -> None:
-        with (self.workdir / "prometheus.log").open("a") as log:
-            self.process = subprocess.Popen(
-                [
-                    self.binary,
-                    f"--config.file={self.workdir / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={self.workdir / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        self.process, _ = launch(self.workdir, port=self.port, binary=self.binary)
 
     def kill(self) -> None:
         """SIGKILL the Prometheus (by its PID), as a node lost or an OOM kill would end it."""
@@ -265,25 +247,17 @@ class SlowPrometheus:
     busy with a fleet larger than it was sized for, as its clients see it)."""
 
     def __init__(self, upstream: str, delay: float):
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 time.sleep(delay)
                 with contextlib.suppress(httpx.HTTPError, ConnectionError):
                     answer = httpx.get(upstream + self.path, timeout=30)
-                    self.send_response(answer.status_code)
-                    self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
-                    self.send_header("Content-Length", str(len(answer.content)))
-                    self.end_headers()
-                    self.wfile.write(answer.content)
+                    self.send_body(
+                        answer.content, answer.headers.get("content-type", "application/json"), answer.status_code
+                    )
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = servers.start(Handler)
+        self.url = servers.url(self.server)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        servers.stop(self.server)

@@ -1,13 +1,11 @@
-"""Helpers shared by every suite under tests/: running a playbook the way a user does, and free local ports.
-
-Importable as `support`: pytest.ini puts tests/ on sys.path."""
+"""The collection under test: running a playbook or a role the way a user does, the collection importable as
+ansible_collections.gpufleet.mig, the system tools a test needs."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+# The checkout: this package is installed editable from testsupport/src (`make venv`).
+REPO = Path(__file__).resolve().parents[3]
 
 
 def require_tool(name: str, package: str, override: str = "") -> str:
@@ -35,13 +34,14 @@ def require_tool(name: str, package: str, override: str = "") -> str:
 
 
 @cache
-def collections_path() -> str:
+def collections_path(root: Path = REPO) -> str:
     """A private collections tree (a symlink to the repo) that makes the collection importable as
     ansible_collections.gpufleet.mig, so tests do not depend on `make collection-link` having run. Made once per
-    process and put on sys.path; tests that run `ansible` point ANSIBLE_COLLECTIONS_PATH at it."""
+    process and put on sys.path; tests that run `ansible` point ANSIBLE_COLLECTIONS_PATH at it. `root`: the
+    collection to link, this checkout unless a copy of it passes its own (the mutation run's scratch copy)."""
     tree = Path(tempfile.mkdtemp(prefix="gpufleet-collections-"))
     (tree / "ansible_collections" / "gpufleet").mkdir(parents=True)
-    (tree / "ansible_collections" / "gpufleet" / "mig").symlink_to(REPO)
+    (tree / "ansible_collections" / "gpufleet" / "mig").symlink_to(root)
     if str(tree) not in sys.path:
         sys.path.insert(0, str(tree))
     return str(tree)
@@ -84,13 +84,6 @@ def write_inventory(tmp_path: Path, inventory: dict) -> str:
     path = tmp_path / "inventory.yml"
     path.write_text(yaml.safe_dump(inventory, sort_keys=False))
     return str(path)
-
-
-def free_port() -> int:
-    """A 127.0.0.1 port nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def try_render(

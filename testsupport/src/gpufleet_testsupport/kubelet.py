@@ -1,7 +1,7 @@
 """A kubelet pod-resources endpoint for tests: a real gRPC server on a unix socket, speaking v1.PodResourcesLister
 with the collection's generated messages (proto/kubelet_podresources_v1.proto).
 
-Importable as `fake_kubelet` once tests/ is on sys.path (each conftest that needs it puts it there)."""
+Imported as `gpufleet_testsupport.kubelet`."""
 
 from __future__ import annotations
 
