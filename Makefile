@@ -167,14 +167,14 @@ build: venv
 pytest: pytest-unit pytest-roles pytest-extender pytest-lab
 
 pytest-unit: venv collection-link system-deps
-	pytest tests -m "not integration" --ignore=tests/integration/roles
+	pytest tests -m "not integration" --ignore=tests/roles
 
 pytest-roles: venv collection-link system-deps
-	pytest tests/integration/roles -m "not integration and not controller"
+	pytest tests/roles -m "not integration and not controller"
 
 # A controller prepared from requirements.txt and the collection's artifact alone runs site.yml on the lab (minutes).
 pytest-controller: venv collection-link system-deps
-	pytest tests/integration/roles -m controller
+	pytest tests/roles -m controller
 
 pytest-extender: venv system-deps
 	cd extender && GPUFLEET_REQUIRE_PROMETHEUS=1 pytest

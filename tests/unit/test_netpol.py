@@ -1,5 +1,5 @@
 """The NetworkPolicy evaluator (tests/netpol.py) against the API's semantics, on hand-made policies: the rendered
-policies' tests (tests/integration/roles/test_network_policies.py) are only as good as this."""
+policies' tests (tests/roles/test_network_policies.py) are only as good as this."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import yaml
 from gpufleet_testsupport.collection import collections_path
 from gpufleet_testsupport.ports import free_port
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 # The collection importable as ansible_collections.gpufleet.mig for every test here, before their modules load.
 collections_path()
 
