@@ -63,6 +63,19 @@ def create_pods(core: k8s.CoreV1Api, namespace: str, pods: list[k8s.V1Pod]) -> N
         list(pool.map(lambda pod: core.create_namespaced_pod(namespace, pod), pods))
 
 
+def create_mig_pods(core: k8s.CoreV1Api, namespace: str, count: int, node_selector: dict[str, str]) -> None:
+    """`count` pods mig-0.. of one MIG_RESOURCE each for gpufleet-scheduler, kept to `node_selector`'s nodes."""
+    pods = [gpu_pod(f"mig-{i}", "gpufleet-scheduler", {MIG_RESOURCE: "1"}) for i in range(count)]
+    for pod in pods:
+        pod.spec.node_selector = node_selector
+    create_pods(core, namespace, pods)
+
+
+def failed_scheduling(core: k8s.CoreV1Api, namespace: str) -> list[str]:
+    """The messages of the namespace's FailedScheduling events."""
+    return [e.message for e in core.list_namespaced_event(namespace, field_selector="reason=FailedScheduling").items]
+
+
 class BindingWatch:
     """Counts the namespace's pods as they are bound (a watch, so that measuring costs the apiserver little);
     remembers when each binding was seen and where."""
