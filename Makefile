@@ -23,7 +23,7 @@ help:
 
 # --- set-up ------------------------------------------------------------------------------------------------
 # requirements.txt is the controller's (docs/controller.md); requirements-dev.txt adds the tests' and tools'.
-$(VENV)/.installed: requirements.txt requirements-dev.txt extender/pyproject.toml lab/pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-dev.txt extender/pyproject.toml lab/pyproject.toml testsupport/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	  echo "Python 3.11 or newer is required: none found on PATH (tried python3.14 ... python3.11, python3)," \
 	    "or PYTHON=$(PYTHON) is older or does not run. Install one, or name it: make PYTHON=/path/to/python3.12 ..."; \
@@ -31,8 +31,9 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt extender/pyproject.tom
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
-	@# One call: the lab's dependency on gpufleet-extender is the checkout's, never an index's.
-	$(BIN)/pip install --quiet -e './extender[k8s,test,bench]' -e './lab[plots,test]'
+	@# One call: the lab's dependency on gpufleet-extender is the checkout's, never an index's; gpufleet-testsupport is
+	@# the suites' and benchmarks' shared set-up (servers, waits, the control plane), importable without a sys.path edit.
+	$(BIN)/pip install --quiet -e './extender[k8s,test,bench]' -e './lab[plots,test]' -e ./testsupport
 	touch $@
 
 # The kubelet pod-resources API's protobuf messages are generated from proto/ here, not committed: every target that
@@ -166,14 +167,14 @@ build: venv
 pytest: pytest-unit pytest-roles pytest-extender pytest-lab
 
 pytest-unit: venv collection-link system-deps
-	pytest tests -m "not integration" --ignore=tests/integration/roles
+	pytest tests -m "not integration" --ignore=tests/roles
 
 pytest-roles: venv collection-link system-deps
-	pytest tests/integration/roles -m "not integration and not controller"
+	pytest tests/roles -m "not integration and not controller"
 
 # A controller prepared from requirements.txt and the collection's artifact alone runs site.yml on the lab (minutes).
 pytest-controller: venv collection-link system-deps
-	pytest tests/integration/roles -m controller
+	pytest tests/roles -m controller
 
 pytest-extender: venv system-deps
 	cd extender && GPUFLEET_REQUIRE_PROMETHEUS=1 pytest

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What one metrics refresh costs at fleet scale: wall time and bytes of the extender's PrometheusSource (the
 queries GPUScore sends too) against a real Prometheus (Debian's package) holding a fleet's dcgm-exporter series
-as a real exporter publishes them (tests/dcgm_fleet.py: every instance of the Hong Kong layouts, the full label
-set, both host label spellings, fields no decision reads), for each way of asking, in one run:
+as a real exporter publishes them (gpufleet_testsupport.dcgm_fleet: every instance of the Hong Kong layouts, the
+full label set, both host label spellings, fields no decision reads), for each way of asking, in one run:
 
 - ``full``: every DCGM series of the fleet with all its labels (the queries before issue 30), the baseline;
 - ``reduced``: the same series aggregated by the labels decisions read (metrics_source.prometheus_queries,
@@ -34,12 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-import httpx  # noqa: E402
-from dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet  # noqa: E402
-from gpufleet_extender.metrics_source import (  # noqa: E402
+import httpx
+from gpufleet_extender.metrics_source import (
     RAW,
     RECORDED,
     PrometheusSource,
@@ -48,7 +44,10 @@ from gpufleet_extender.metrics_source import (  # noqa: E402
     recorded_queries,
     recording_rules,
 )
-from gpufleet_extender.snapshot import DCGM_METRICS  # noqa: E402
+from gpufleet_extender.snapshot import DCGM_METRICS
+from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet
+
+REPO = Path(__file__).resolve().parents[1]
 
 NODE_LABELS = ("Hostname", "hostname")
 MATCHERS = exporter_matchers("dcgm-exporter", EXPORTER_NAMESPACE)  # as the roles pin them

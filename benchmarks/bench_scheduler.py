@@ -3,8 +3,8 @@
 second without it (bare), with the extender (in production mode: METRICS_SOURCE=prometheus, KUBE_API on) and with
 the GPUScore plugin in gpufleet-scheduler when that binary is there, side by side in one run. Both load-aware paths
 read one real Prometheus (Debian's package) scraping a fleet's dcgm-exporter series as a real exporter publishes them
-(tests/dcgm_fleet.py: the Hong Kong pools' layouts in turn, the full label set, both host label spellings), with every
-tenth node hot (every instance at 0.95, above the 0.8 threshold).
+(gpufleet_testsupport.dcgm_fleet: the Hong Kong pools' layouts in turn, the full label set, both host label
+spellings), with every tenth node hot (every instance at 0.95, above the 0.8 threshold).
 
     python3 benchmarks/bench_scheduler.py [--nodes 1000] [--pods 1000] [--modes bare,extender,plugin,bare]
         [--metrics pull|push]
@@ -46,28 +46,20 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "extender" / "tests"))  # exposition.py, which scheduling.py imports
+import httpx
+import yaml
+from gpufleet_extender.metrics_source import exporter_matchers, recording_rules
+from gpufleet_extender.push_config import PushTarget, remote_write
+from gpufleet_testsupport.controlplane import ControlPlane, ControlPlaneError, assets_dir, missing_assets
+from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, LAYOUTS, FleetPrometheus, make_fleet
+from gpufleet_testsupport.extender import start_extender
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.processes import stop_process
+from gpufleet_testsupport.scheduling import BindingWatch, create_nodes, create_pods, gpu_pod, rendered_scheduler_config
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
 
-import httpx  # noqa: E402
-import yaml  # noqa: E402
-from controlplane import ControlPlane, ControlPlaneError, assets_dir, missing_assets  # noqa: E402
-from dcgm_fleet import EXPORTER_NAMESPACE, LAYOUTS, FleetPrometheus, make_fleet  # noqa: E402
-from gpufleet_extender.metrics_source import exporter_matchers, recording_rules  # noqa: E402
-from gpufleet_extender.push_config import PushTarget, remote_write  # noqa: E402
-from kubernetes import client as k8s  # noqa: E402
-from kubernetes import config as k8s_config  # noqa: E402
-from scheduling import (  # noqa: E402
-    BindingWatch,
-    create_nodes,
-    create_pods,
-    gpu_pod,
-    rendered_scheduler_config,
-    start_extender,
-    stop_process,
-)
-from support import free_port  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 POD_RESOURCE = "nvidia.com/mig-1g.10gb"
 ROLE_DEFAULTS = yaml.safe_load((REPO / "roles" / "gpu_extender" / "defaults" / "main.yml").read_text())

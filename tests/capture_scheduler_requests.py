@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Capture the request bodies the real kube-scheduler sends to a scheduler extender, as extender test data.
 
-Starts etcd + kube-apiserver and kube-scheduler (tests/controlplane.py) with the scheduler configuration the
+Starts etcd + kube-apiserver and kube-scheduler (gpufleet_testsupport.controlplane) with the scheduler configuration the
 kube_scheduler role renders, pointed at a recording stand-in for the extender on 127.0.0.1 that passes every node.
 Registers two GPU nodes and a CPU node, creates a MIG pod and a whole-GPU pod for the gpufleet-scheduler profile,
 and writes the bytes kube-scheduler POSTed to the filter and prioritize verbs, unchanged, to
@@ -17,19 +17,18 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from gpufleet_testsupport import servers
+from gpufleet_testsupport.collection import collections_path
+from gpufleet_testsupport.controlplane import ControlPlane
+from gpufleet_testsupport.scheduling import gpu_pod, register_node, rendered_scheduler_config
+from gpufleet_testsupport.servers import QuietHandler, serve
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
 
-from controlplane import ControlPlane  # noqa: E402
-from kubernetes import client as k8s  # noqa: E402
-from kubernetes import config as k8s_config  # noqa: E402
-from scheduling import gpu_pod, register_node, rendered_scheduler_config  # noqa: E402
-from support import collections_path  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 OUT = REPO / "extender" / "tests" / "data" / "kube-scheduler"
 # Two nodes fit each pod (with one feasible node kube-scheduler skips scoring, so prioritize would never come);
@@ -42,23 +41,18 @@ NODES = {
 PODS = {"mig-job": {"nvidia.com/mig-3g.40gb": "1"}, "whole-gpu-job": {"nvidia.com/gpu": "2"}}
 
 
-class Recorder(ThreadingHTTPServer):
-    """Records each POST body by (pod name, verb) and answers as an extender that passes every node."""
-
-    def __init__(self):
-        self.bodies: dict[tuple[str, str], bytes] = {}
-        super().__init__(("127.0.0.1", 0), _Handler)
+BODIES: dict[tuple[str, str], bytes] = {}  # each POST body by (pod name, verb)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: Recorder
+class _Handler(QuietHandler):
+    """Records each POST body in BODIES and answers as an extender that passes every node."""
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         args = json.loads(body)
         verb = self.path.rsplit("/", 1)[-1]
         pod = args["Pod"]["metadata"]["name"]
-        self.server.bodies.setdefault((pod, verb), body)
+        BODIES.setdefault((pod, verb), body)
         names = args.get("NodeNames")
         if names is None:
             names = [item["metadata"]["name"] for item in (args.get("Nodes") or {}).get("items") or []]
@@ -68,51 +62,41 @@ class _Handler(BaseHTTPRequestHandler):
                 answer = {"Nodes": args["Nodes"], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         else:
             answer = [{"Host": name, "Score": 5} for name in names]
-        payload = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args):
-        pass
+        self.send_json(answer)
 
 
 def main() -> int:
     collections_path()  # the role renders the scheduler configuration through ansible
-    recorder = Recorder()
-    threading.Thread(target=recorder.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{recorder.server_address[1]}"
-    try:
-        with tempfile.TemporaryDirectory(prefix="gpufleet-capture-") as tmp, ControlPlane(Path(tmp) / "cp") as plane:
-            config = rendered_scheduler_config(
-                Path(tmp), kube_scheduler_extender_url_prefix=url, kube_scheduler_extender_ignorable=False
-            )
-            scheduler = config["profiles"][0]["schedulerName"]
-            core = k8s.CoreV1Api(k8s_config.new_client_from_config(config_file=str(plane.kubeconfig)))
-            # No controller manager runs to make the namespace's default service account; admission wants one.
-            core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
-            for name, resources in NODES.items():
-                register_node(core, name, resources, labels={"gpufleet.io/pool": "training"})
-            plane.start_scheduler(config, name="gpufleet-scheduler")
-            for name, resources in PODS.items():
-                core.create_namespaced_pod("default", gpu_pod(name, scheduler, resources))
-            wanted = {(pod, verb) for pod in PODS for verb in ("filter", "prioritize")}
-            deadline = time.monotonic() + 120
-            while not wanted <= set(recorder.bodies):
-                if time.monotonic() > deadline:
-                    missing = sorted(wanted - set(recorder.bodies))
-                    print(f"kube-scheduler sent no {missing} within 120 s", file=sys.stderr)
-                    print(plane.log_tail("gpufleet-scheduler"), file=sys.stderr)
-                    return 1
-                time.sleep(0.2)
-            version = core.api_client.call_api("/version", "GET", response_type="object")[0]["gitVersion"]
-    finally:
-        recorder.shutdown()
-        recorder.server_close()
+    with (
+        serve(_Handler) as recorder,
+        tempfile.TemporaryDirectory(prefix="gpufleet-capture-") as tmp,
+        ControlPlane(Path(tmp) / "cp") as plane,
+    ):
+        url = servers.url(recorder)
+        config = rendered_scheduler_config(
+            Path(tmp), kube_scheduler_extender_url_prefix=url, kube_scheduler_extender_ignorable=False
+        )
+        scheduler = config["profiles"][0]["schedulerName"]
+        core = k8s.CoreV1Api(k8s_config.new_client_from_config(config_file=str(plane.kubeconfig)))
+        # No controller manager runs to make the namespace's default service account; admission wants one.
+        core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
+        for name, resources in NODES.items():
+            register_node(core, name, resources, labels={"gpufleet.io/pool": "training"})
+        plane.start_scheduler(config, name="gpufleet-scheduler")
+        for name, resources in PODS.items():
+            core.create_namespaced_pod("default", gpu_pod(name, scheduler, resources))
+        wanted = {(pod, verb) for pod in PODS for verb in ("filter", "prioritize")}
+        deadline = time.monotonic() + 120
+        while not wanted <= set(BODIES):
+            if time.monotonic() > deadline:
+                missing = sorted(wanted - set(BODIES))
+                print(f"kube-scheduler sent no {missing} within 120 s", file=sys.stderr)
+                print(plane.log_tail("gpufleet-scheduler"), file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+        version = core.api_client.call_api("/version", "GET", response_type="object")[0]["gitVersion"]
     OUT.mkdir(parents=True, exist_ok=True)
-    for (pod, verb), body in sorted(recorder.bodies.items()):
+    for (pod, verb), body in sorted(BODIES.items()):
         if (pod, verb) in wanted:
             (OUT / f"{pod}.{verb}.json").write_bytes(body)
             print(f"{OUT / f'{pod}.{verb}.json'}: {len(body)} bytes")

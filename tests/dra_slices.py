@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import uuid as uuidlib
 
-from support import collections_path
+from gpufleet_testsupport.collection import collections_path
 
 collections_path()
 from ansible_collections.gpufleet.mig.plugins.filter.tenants_model import dra_device_class  # noqa: E402, F401

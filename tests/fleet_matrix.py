@@ -1,6 +1,6 @@
 """The fleet matrix: small fleets other than Hong Kong's (H100 80GB, H200 141GB and a product without MIG x MIG off /
 mixed layouts / time-sliced pools, nodes of 2, 4 and 8 GPUs, several products in one fleet), written as inventories.
-tests/integration/roles/test_fleets.py runs site.yml on each in the lab; tests/integration/k8s/test_dry_run.py puts
+tests/roles/test_fleets.py runs site.yml on each in the lab; tests/integration/k8s/test_dry_run.py puts
 every object the roles render for each through the real apiserver's strict server-side dry-run."""
 
 from __future__ import annotations

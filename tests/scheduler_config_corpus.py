@@ -1,5 +1,5 @@
 """A corpus of KubeSchedulerConfigurations, valid and invalid, for the Python port of kube-scheduler's validation
-(plugins/module_utils/kube_scheduler_config.py): its unit tests (tests/integration/roles/test_kube_scheduler_config.py)
+(plugins/module_utils/kube_scheduler_config.py): its unit tests (tests/roles/test_kube_scheduler_config.py)
 check the port's messages, and tests/integration/k8s/test_scheduler_config_corpus.py proves that the real
 kube-scheduler (and gpufleet-scheduler, for GPUScore) accepts and refuses every configuration of it alike."""
 

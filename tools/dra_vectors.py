@@ -5,7 +5,6 @@ current)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -13,8 +12,7 @@ OUTPUT = REPO / "k8s/plugins/gpuclaimscore/testdata/dra_vectors.json"
 
 
 def render() -> str:
-    sys.path.insert(0, str(REPO / "tests"))
-    from support import collections_path
+    from gpufleet_testsupport.collection import collections_path
 
     collections_path()
     from ansible_collections.gpufleet.mig.plugins.module_utils.dra_placement import vectors

@@ -41,11 +41,7 @@ from pathlib import Path
 
 import httpx
 import orjson
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1] / "tests")
-)  # extender_helpers and exposition, shared with the tests
+from gpufleet_testsupport.ports import free_port
 
 from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import Settings, load_settings
@@ -53,7 +49,6 @@ from gpufleet_extender.metrics_source import FileSource
 from gpufleet_extender.service import Extender
 from gpufleet_extender.snapshot import MetricsSnapshot, NodeMetrics
 
-from extender_helpers import free_port
 from fleet import args_body, metrics_text, node, node_name, pod
 
 

@@ -39,10 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import cramjam
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # exposition, shared with the tests
-
-from exposition import DeviceLoad, device_values, label_pairs, write_series
+from gpufleet_testsupport.exposition import DeviceLoad, device_values, label_pairs, write_series
 
 from gpufleet_extender.metrics_source import (
     DEVICE_LABELS,
@@ -204,8 +201,7 @@ def run_http(nodes: int, instances: int, batch: int, interval: float, tmp: Path)
     CPU for one interval of the fleet (HTTP, receive, the refreshes' builds) and the delay from the last request
     answered to the snapshot holding every node's new sample."""
     import httpx
-
-    from extender_helpers import free_port
+    from gpufleet_testsupport.ports import free_port
 
     now = time.time()
     old, _ = request_bodies(nodes, instances, batch, int((now - 100) * 1000))  # stale: older than the max age

@@ -11,7 +11,7 @@ import json
 import random
 from collections.abc import Iterable
 
-from exposition import DeviceLoad, render_exposition
+from gpufleet_testsupport.exposition import DeviceLoad, render_exposition
 
 MIG_LAYOUT = ("3g.40gb", "2g.20gb", "2g.20gb")  # a node with MIG GPUs: one 3g + two 2g per GPU
 

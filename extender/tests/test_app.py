@@ -9,12 +9,13 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
+from gpufleet_testsupport.scheduler_requests import make_pod, names_args, node_obj, nodes_args
 
 from gpufleet_extender import k8s_watch
 from gpufleet_extender.app import create_app
 from gpufleet_extender.cluster import ClusterState
 
-from extender_helpers import file_settings, gpus, make_pod, mig, names_args, node_obj, nodes_args, write_metrics
+from extender_helpers import file_settings, gpus, mig, write_metrics
 
 FLEET = {
     "hk-gpu-01": gpus(0.1, 0.2, 0.95, 0.97),

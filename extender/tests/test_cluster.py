@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from exposition import render_exposition
+from gpufleet_testsupport.exposition import render_exposition
+from gpufleet_testsupport.scheduler_requests import make_pod, names_args
 
 from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import load_settings
@@ -12,7 +13,7 @@ from gpufleet_extender.metrics_source import parse_exposition
 from gpufleet_extender.service import Extender
 from gpufleet_extender.snapshot import build_snapshot
 
-from extender_helpers import body, gpus, make_pod, names_args
+from extender_helpers import body, gpus
 
 T0 = 1_700_000_000.0
 

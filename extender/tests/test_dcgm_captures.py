@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from exposition import DeviceLoad, render_exposition
+from gpufleet_testsupport.exposition import DeviceLoad, render_exposition
 
 from gpufleet_extender.metrics_source import NO_DCGM_SERIES, load_file
 from gpufleet_extender.snapshot import DeviceMetrics

@@ -12,13 +12,14 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
+from gpufleet_testsupport.scheduler_requests import make_pod
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet_extender.app import create_app
 
-from extender_helpers import file_settings, gpus, make_pod, mig, write_metrics
+from extender_helpers import file_settings, gpus, mig, write_metrics
 
 FLEET = {"hk-gpu-01": gpus(0.1, 0.95), "hk-gpu-02": gpus(0.9), "hk-gpu-03": mig(0, "2g.20gb", 0.5, total=20480)}
 

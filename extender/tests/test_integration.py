@@ -21,89 +21,34 @@ from pathlib import Path
 
 import httpx
 import pytest
-from exposition import render_exposition
+from gpufleet_testsupport import servers
+from gpufleet_testsupport.controlplane import serving_files
+from gpufleet_testsupport.exposition import render_exposition
+from gpufleet_testsupport.extender import start_extender
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.processes import stop_process
+from gpufleet_testsupport.prometheus import Exporter, launch
+from gpufleet_testsupport.scheduler_requests import make_pod, names_args
+from gpufleet_testsupport.servers import QuietHandler
+from gpufleet_testsupport.waits import wait_for
 
 from gpufleet_extender.metrics_source import MetricsSourceError, PrometheusSource
 
-from extender_helpers import free_port, gpus, make_pod, mig, names_args, write_ca_and_server_cert, write_metrics
+from extender_helpers import gpus, mig, write_metrics
 
 pytestmark = pytest.mark.integration
 
 PROMETHEUS = os.environ.get("GPUFLEET_PROMETHEUS_BINARY", "/usr/bin/prometheus")
 GPU_POD = make_pod({"nvidia.com/gpu": "1"})
 MIG_POD = make_pod({"nvidia.com/mig-3g.40gb": "1"})
-OK = {"status": "ok"}
 
 
-def wait_for(what: str, check, timeout: float = 20.0, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except (httpx.HTTPError, OSError) as exc:
-            last = exc
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-
-
-class FakeDcgmExporter:
+class FakeDcgmExporter(Exporter):
     """Serves dcgm-exporter text for a fleet that the test changes at will."""
 
     def __init__(self, fleet: dict):
         self.fleet = fleet
-        exporter = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                payload = render_exposition(exporter.fleet, host_label="Hostname").encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def start_extender(env: dict, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = (tmp_path / f"extender-{port}.log").open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet_extender", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
-        env={**os.environ, "KUBE_API": "off", **env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    # {"status": "starting"} comes from the start-up responder, before the app itself serves (startup.py)
-    wait_for("the extender to serve", lambda: process.poll() is None and httpx.get(f"{url}/healthz").json() == OK)
-    return process, url
+        super().__init__(lambda _path: render_exposition(self.fleet, host_label="Hostname"))
 
 
 def filter_names(url: str, pod: dict, names: list[str]) -> dict:
@@ -122,14 +67,14 @@ def test_serve_with_a_config_file_over_real_http(tmp_path):
     metrics = write_metrics(tmp_path / "dcgm.prom", {"n1": gpus(0.1), "n2": gpus(0.95)})
     config = tmp_path / "extender.yaml"
     config.write_text(f"METRICS_SOURCE: file\nMETRICS_FILE: {metrics}\nMETRICS_REFRESH_SECONDS: 0.2\n")
-    process, url = start_extender({}, tmp_path, "--config", str(config))
+    process, url = start_extender(tmp_path, {"KUBE_API": "off"}, "--config", str(config), ready=False)
     try:
         assert filter_names(url, GPU_POD, ["n1", "n2"])["NodeNames"] == ["n1"]
         assert httpx.post(f"{url}/filter", content=b"{", timeout=5).status_code == 400
         assert httpx.get(f"{url}/readyz").status_code == 200
         assert "gpufleet_extender_request_duration_seconds_bucket" in httpx.get(f"{url}/metrics").text
     finally:
-        stop(process)
+        stop_process(process)
 
 
 def test_bad_settings_stop_the_server_with_exit_code_2(tmp_path):
@@ -182,25 +127,13 @@ def prometheus(prometheus_binary, tmp_path) -> Iterator[tuple[str, FakeDcgmExpor
         "hk-gpu-17": [*mig(0, "3g.40gb", 0.92, 0.97), *mig(1, "3g.40gb", 0.20, first_id=3)],
     }
     with FakeDcgmExporter(fleet) as exporter:
-        port = free_port()
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
+        process, url = launch(
+            tmp_path,
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
             "scrape_configs:\n  - job_name: dcgm-exporter\n"
-            f"    static_configs:\n      - targets: ['127.0.0.1:{exporter.port}']\n"
+            f"    static_configs:\n      - targets: ['127.0.0.1:{exporter.port}']\n",
+            binary=prometheus_binary,
         )
-        log = (tmp_path / "prometheus.log").open("w")
-        process = subprocess.Popen(
-            [
-                prometheus_binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
         try:
 
             def series_present():
@@ -209,10 +142,10 @@ def prometheus(prometheus_binary, tmp_path) -> Iterator[tuple[str, FakeDcgmExpor
                     answer.status_code == 200 and len(answer.json()["data"]["result"]) == 3
                 )  # MIG instances of hk-gpu-17
 
-            wait_for("Prometheus to scrape the fake dcgm-exporter", series_present)
+            wait_for(series_present, what="Prometheus to scrape the fake dcgm-exporter")
             yield url, exporter, process
         finally:
-            stop(process)
+            stop_process(process)
 
 
 def test_decisions_follow_prometheus_and_the_policy_applies_when_it_stops(prometheus, tmp_path):
@@ -224,10 +157,10 @@ def test_decisions_follow_prometheus_and_the_policy_applies_when_it_stops(promet
         "PROMETHEUS_TIMEOUT_SECONDS": "3",
         "ON_MISSING_METRICS": "deny",
     }
-    extender, url = start_extender(env, tmp_path)
+    extender, url = start_extender(tmp_path, {"KUBE_API": "off", **env}, ready=False)
     try:
         names = ["hk-gpu-01", "hk-gpu-02", "hk-gpu-17"]
-        wait_for("fresh metrics", lambda: httpx.get(f"{url}/readyz").status_code == 200)
+        wait_for(lambda: httpx.get(f"{url}/readyz").status_code == 200, what="fresh metrics")
         first = filter_names(url, GPU_POD, names)
         assert first["NodeNames"] == ["hk-gpu-01"]
         assert "util 0.90 > 0.80" in first["FailedNodes"]["hk-gpu-02"]
@@ -239,16 +172,16 @@ def test_decisions_follow_prometheus_and_the_policy_applies_when_it_stops(promet
         # The load moves: the exporter now reports hk-gpu-01 busy and hk-gpu-02 idle.
         exporter.fleet = {**exporter.fleet, "hk-gpu-01": gpus(0.97, 0.99), "hk-gpu-02": gpus(0.0, 0.02)}
         wait_for(
-            "decisions to follow the new load",
             lambda: filter_names(url, GPU_POD, names)["NodeNames"] == ["hk-gpu-02"],
+            what="decisions to follow the new load",
         )
         after = scores(url, GPU_POD, ["hk-gpu-01", "hk-gpu-02"])
         assert after["hk-gpu-02"] > after["hk-gpu-01"]
 
         # Prometheus goes away: samples age past METRICS_MAX_AGE_SECONDS, the deny policy applies,
         # and answers do not wait for Prometheus (its timeout is 3 s).
-        stop(prometheus_process)
-        wait_for("readyz to report stale metrics", lambda: httpx.get(f"{url}/readyz").status_code == 503)
+        stop_process(prometheus_process)
+        wait_for(lambda: httpx.get(f"{url}/readyz").status_code == 503, what="readyz to report stale metrics")
         for _ in range(5):
             started = time.monotonic()
             result = filter_names(url, GPU_POD, names)
@@ -260,7 +193,7 @@ def test_decisions_follow_prometheus_and_the_policy_applies_when_it_stops(promet
         assert 'gpufleet_extender_filter_decisions_total{outcome="missing_metrics_denied"}' in metrics
         assert "gpufleet_extender_ready 0.0" in metrics
     finally:
-        stop(extender)
+        stop_process(extender)
 
 
 def test_a_4mb_body_does_not_stall_the_event_loop(tmp_path):
@@ -272,7 +205,7 @@ def test_a_4mb_body_does_not_stall_the_event_loop(tmp_path):
     content = json.dumps(names_args(GPU_POD, names)).encode()
     assert 3_500_000 < len(content) < 4 * 1024 * 1024
     done: dict[str, float] = {}
-    process, url = start_extender(env, tmp_path)  # stopped in the finally below
+    process, url = start_extender(tmp_path, {"KUBE_API": "off", **env}, ready=False)  # stopped in the finally below
 
     def big_request():
         started = time.monotonic()
@@ -294,7 +227,7 @@ def test_a_4mb_body_does_not_stall_the_event_loop(tmp_path):
         # A blocked loop answers /healthz only once the big request is done: its latency is about that long.
         assert len(latencies) >= 3 and max(latencies) < max(0.2, done["seconds"] / 3), (latencies, done)
     finally:
-        stop(process)
+        stop_process(process)
 
 
 def test_out_of_range_values_through_a_real_prometheus_leave_the_node_to_the_policy(prometheus, tmp_path):
@@ -305,10 +238,10 @@ def test_out_of_range_values_through_a_real_prometheus_leave_the_node_to_the_pol
         "PROMETHEUS_TIMEOUT_SECONDS": "3",
         "ON_MISSING_METRICS": "deny",
     }
-    extender, url = start_extender(env, tmp_path)
+    extender, url = start_extender(tmp_path, {"KUBE_API": "off", **env}, ready=False)
     try:
         names = ["hk-gpu-01", "hk-gpu-02"]
-        wait_for("fresh metrics", lambda: filter_names(url, GPU_POD, names)["NodeNames"] == ["hk-gpu-01"])
+        wait_for(lambda: filter_names(url, GPU_POD, names)["NodeNames"] == ["hk-gpu-01"], what="fresh metrics")
         # A broken exporter reports -20 % on the idle-looking node: once that would have won the best score.
         exporter.fleet = {**exporter.fleet, "hk-gpu-02": gpus(-0.2, 0.0)}
 
@@ -317,13 +250,13 @@ def test_out_of_range_values_through_a_real_prometheus_leave_the_node_to_the_pol
             reason = result["FailedNodes"].get("hk-gpu-02", "")
             return "no GPU metrics for this node" in reason and result
 
-        wait_for("hk-gpu-02 to count as without metrics", refused_as_missing)
+        wait_for(refused_as_missing, what="hk-gpu-02 to count as without metrics")
         warnings = httpx.get(f"{url}/readyz").json()["metrics_source_warnings"]
         assert any("out of range on hk-gpu-02" in note for note in warnings), warnings
         metrics = httpx.get(f"{url}/metrics").text
         assert 'gpufleet_extender_metrics_faults_total{fault="out_of_range",source="prometheus"}' in metrics
     finally:
-        stop(extender)
+        stop_process(extender)
 
 
 def test_series_are_read_only_from_the_exporters_job_and_namespace(prometheus_binary, tmp_path):
@@ -333,29 +266,17 @@ def test_series_are_read_only_from_the_exporters_job_and_namespace(prometheus_bi
     real = {"hk-gpu-01": gpus(0.05, 0.10), "hk-gpu-02": gpus(0.95, 0.90)}
     fake = {"hk-gpu-02": gpus(0.0, 0.0), "hk-gpu-66": gpus(0.0, 0.0)}
     with FakeDcgmExporter(real) as exporter, FakeDcgmExporter(fake) as impostor:
-        port = free_port()
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
+        process, prometheus_url = launch(
+            tmp_path,
             "global:\n  scrape_interval: 1s\n"
             "scrape_configs:\n"
             "  - job_name: dcgm-exporter\n"
             f"    static_configs: [{{targets: ['127.0.0.1:{exporter.port}'],\n"
             "                      labels: {namespace: gpufleet-node-agents}}]\n"
             "  - job_name: dcgm-exporter-fake\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{impostor.port}'], labels: {{namespace: finnlp}}}}]\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{impostor.port}'], labels: {{namespace: finnlp}}}}]\n",
+            binary=prometheus_binary,
         )
-        log = (tmp_path / "prometheus.log").open("w")
-        process = subprocess.Popen(
-            [
-                prometheus_binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        prometheus_url = f"http://127.0.0.1:{port}"
         try:
 
             def both_scraped():
@@ -363,29 +284,29 @@ def test_series_are_read_only_from_the_exporters_job_and_namespace(prometheus_bi
                 result = answer.json()["data"]["result"] if answer.status_code == 200 else []
                 return result and result[0]["value"][1] == "8"  # 2 GPUs x 4 nodes' worth of series
 
-            wait_for("Prometheus to scrape both exporters", both_scraped)
+            wait_for(both_scraped, what="Prometheus to scrape both exporters")
             base = {"PROMETHEUS_URL": prometheus_url, "METRICS_REFRESH_SECONDS": "0.5", "ON_MISSING_METRICS": "deny"}
             pinned_env = {**base, "EXPORTER_JOB": "dcgm-exporter", "EXPORTER_NAMESPACE": "gpufleet-node-agents"}
             names = ["hk-gpu-01", "hk-gpu-02", "hk-gpu-66"]
-            pinned, pinned_url = start_extender(pinned_env, tmp_path)
-            open_, open_url = start_extender(base, tmp_path)
+            pinned, pinned_url = start_extender(tmp_path, {"KUBE_API": "off", **pinned_env}, ready=False)
+            open_, open_url = start_extender(tmp_path, {"KUBE_API": "off", **base}, ready=False)
             try:
-                wait_for("fresh metrics", lambda: httpx.get(f"{pinned_url}/readyz").status_code == 200)
+                wait_for(lambda: httpx.get(f"{pinned_url}/readyz").status_code == 200, what="fresh metrics")
                 result = filter_names(pinned_url, GPU_POD, names)
                 assert result["NodeNames"] == ["hk-gpu-01"]
                 assert "util 0.90 > 0.80" in result["FailedNodes"]["hk-gpu-02"]
                 assert "no GPU metrics for this node" in result["FailedNodes"]["hk-gpu-66"]
                 assert httpx.get(f"{pinned_url}/readyz").json().get("metrics_source_warnings") in (None, [])
 
-                wait_for("fresh metrics", lambda: httpx.get(f"{open_url}/readyz").status_code == 200)
+                wait_for(lambda: httpx.get(f"{open_url}/readyz").status_code == 200, what="fresh metrics")
                 assert "hk-gpu-66" in filter_names(open_url, GPU_POD, names)["NodeNames"]
                 warnings = httpx.get(f"{open_url}/readyz").json()["metrics_source_warnings"]
                 assert any("duplicate series" in warning for warning in warnings), warnings
             finally:
-                stop(pinned)
-                stop(open_)
+                stop_process(pinned)
+                stop_process(open_)
         finally:
-            stop(process)
+            stop_process(process)
 
 
 class BearerTlsProxy:
@@ -397,7 +318,7 @@ class BearerTlsProxy:
         self.seen: list[str | None] = []
         proxy = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 authorization = self.headers.get("Authorization")
                 proxy.seen.append(authorization)
@@ -406,14 +327,7 @@ class BearerTlsProxy:
                 else:
                     answer = httpx.get(upstream + self.path, timeout=5)
                     status, body, kind = answer.status_code, answer.content, answer.headers["content-type"]
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
+                self.send_body(body, kind, status)
 
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(cert, key)
@@ -429,22 +343,20 @@ class BearerTlsProxy:
             def handle_error(self, request, client_address) -> None:
                 pass  # refused handshakes: the client's error is what the test checks
 
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        self.server = servers.start(Handler, server_class=Server)
+        self.url = servers.url(self.server, "https")
 
     def __enter__(self) -> BearerTlsProxy:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        servers.stop(self.server)
 
 
 def test_prometheus_over_https_with_a_pinned_ca_and_a_rotating_token(prometheus, tmp_path):
     prometheus_url, _exporter, _process = prometheus
-    ca, cert, key = write_ca_and_server_cert(tmp_path / "pki")
-    other_ca, _cert, _key = write_ca_and_server_cert(tmp_path / "other")
+    ca, cert, key = serving_files(tmp_path / "pki", "server", ("127.0.0.1",)).values()
+    other_ca, _cert, _key = serving_files(tmp_path / "other", "server", ("127.0.0.1",)).values()
     token = tmp_path / "token"
     token.write_text("reader-1\n")
     with BearerTlsProxy(prometheus_url, cert, key, "reader-1") as proxy:

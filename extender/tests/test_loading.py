@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 
-from exposition import DeviceLoad
 from fastapi.testclient import TestClient
+from gpufleet_testsupport.exposition import DeviceLoad
 
 from gpufleet_extender import app as app_module
 from gpufleet_extender import metrics_source

@@ -8,22 +8,23 @@ refresher loop's first round). Counters are compared with the refreshes the fake
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
 import re
-import threading
 import time
 
 import pytest
-from exposition import render_exposition
 from fastapi.testclient import TestClient
+from gpufleet_testsupport import servers
+from gpufleet_testsupport.exposition import render_exposition
+from gpufleet_testsupport.scheduler_requests import make_pod, names_args
+from gpufleet_testsupport.servers import QuietHandler
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet_extender.app import create_app
 from gpufleet_extender.config import load_settings
 
-from extender_helpers import gpus, make_pod, names_args
+from extender_helpers import gpus
 
 GPU_POD = make_pod({"nvidia.com/gpu": "1"})
 TIMEOUT = 0.5  # PROMETHEUS_TIMEOUT_SECONDS of these tests
@@ -51,7 +52,7 @@ class FakePrometheus:
         self.times: dict[str, float] = {}  # node -> newest sample time (the timestamp() query)
         fake = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self):
                 query = self.path
                 times_query = "timestamp" in query
@@ -75,11 +76,7 @@ class FakePrometheus:
                 self._send(payload)
 
             def _send(self, payload: bytes, content_type: str = "application/json"):
-                self.send_response(200)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                self.send_body(payload, content_type)
 
             def _trickle(self, payload: bytes):
                 # One byte every TIMEOUT/2: each read is within httpx's per-read timeout, the whole never is.
@@ -95,21 +92,15 @@ class FakePrometheus:
                 except OSError:
                     pass  # the extender gave up, as it should
 
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.handler = Handler
 
     def __enter__(self):
-        self.thread.start()
+        self.server = servers.start(self.handler)
+        self.url = servers.url(self.server)
         return self
 
     def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+        servers.stop(self.server)
 
 
 @pytest.fixture

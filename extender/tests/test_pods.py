@@ -3,11 +3,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from gpufleet_testsupport.scheduler_requests import make_pod
 
 from gpufleet_extender.pods import ResourceRequest, pod_gpu_request
 from gpufleet_extender.wire import Container, Pod, PodSpec, ResourceRequirements, WireError, decode_args
-
-from extender_helpers import make_pod
 
 
 def request_of(pod: dict):

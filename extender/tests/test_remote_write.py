@@ -18,8 +18,11 @@ from typing import Any
 import cramjam
 import httpx
 import pytest
-from exposition import DeviceLoad, remote_write_series, render_exposition
 from fastapi.testclient import TestClient
+from gpufleet_testsupport.controlplane import serving_files
+from gpufleet_testsupport.exposition import DeviceLoad, remote_write_series, render_exposition
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.scheduler_requests import make_pod, names_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,7 +44,7 @@ from gpufleet_extender.remote_write import (
     stale_nan,
 )
 
-from extender_helpers import free_port, gpus, make_pod, mig, names_args, write_ca_and_server_cert
+from extender_helpers import gpus, mig
 
 TOKEN = "s3cret-token"
 HEADERS = {
@@ -255,7 +258,7 @@ def test_a_rotated_token_is_read_when_the_file_changes(receiver, tmp_path):
 
 
 def test_the_receiver_serves_https_with_its_pair(tmp_path):
-    ca, cert, key = write_ca_and_server_cert(tmp_path / "tls")
+    ca, cert, key = serving_files(tmp_path / "tls", "server", ("127.0.0.1",)).values()
     port = free_port()
     settings = push_settings(tmp_path, port, REMOTE_WRITE_CERT_FILE=str(cert), REMOTE_WRITE_KEY_FILE=str(key))
     with (
@@ -413,13 +416,14 @@ def test_any_body_is_taken_or_refused(body):
 def test_a_new_receiver_is_loading_until_the_first_push_then_ready(tmp_path: Path):
     # As GPUScore's first pod: the first snapshot waits for the first pushed sample (and the rest of its scrape), so
     # a restarted replica stays out of its Service instead of deciding blind until Prometheus' next send.
-    from test_integration import start_extender, stop  # the real server: its lifespan as deployed
+    from gpufleet_testsupport.extender import start_extender  # the real server: its lifespan as deployed
+    from gpufleet_testsupport.processes import stop_process
 
     port = free_port()
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
     env = {"METRICS_SOURCE": "push", "REMOTE_WRITE_ADDRESS": f"127.0.0.1:{port}", "REMOTE_WRITE_TOKEN_FILE": str(token)}
-    process, url = start_extender(env, tmp_path)
+    process, url = start_extender(tmp_path, {"KUBE_API": "off", **env}, ready=False)
     try:
         time.sleep(1.0)
         loading = httpx.get(f"{url}/readyz")
@@ -436,7 +440,7 @@ def test_a_new_receiver_is_loading_until_the_first_push_then_ready(tmp_path: Pat
             time.sleep(0.1)
         assert answer.json()["metrics_age_seconds"] is not None
     finally:
-        stop(process)
+        stop_process(process)
 
 
 def test_the_first_snapshot_waits_until_no_new_node_comes(monkeypatch: pytest.MonkeyPatch):

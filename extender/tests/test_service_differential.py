@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 
 import pytest
+from gpufleet_testsupport.scheduler_requests import make_pod, names_args, node_obj, nodes_args
 
 from gpufleet_extender.cluster import ClusterState
 from gpufleet_extender.config import load_settings
@@ -35,7 +36,7 @@ from gpufleet_extender.scoring import (
 from gpufleet_extender.service import Extender
 from gpufleet_extender.snapshot import DeviceMetrics, NodeMetrics, snapshot_of
 
-from extender_helpers import body, make_pod, names_args, node_obj, nodes_args
+from extender_helpers import body
 
 T0 = 1_700_000_000
 TENANT_LABEL = "gpufleet.io/tenant"

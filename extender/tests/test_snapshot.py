@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from exposition import DeviceLoad, render_exposition
+from gpufleet_testsupport.exposition import DeviceLoad, render_exposition
 
 from gpufleet_extender.metrics_source import parse_exposition
 from gpufleet_extender.snapshot import (

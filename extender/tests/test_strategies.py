@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from exposition import render_exposition
+from gpufleet_testsupport.exposition import render_exposition
+from gpufleet_testsupport.scheduler_requests import make_pod, names_args
 
 from gpufleet_extender.config import SettingsError, load_settings
 from gpufleet_extender.metrics_source import parse_exposition
@@ -24,7 +25,7 @@ from gpufleet_extender.scoring import (
 from gpufleet_extender.service import Extender
 from gpufleet_extender.snapshot import DeviceMetrics, MetricsSnapshot, NodeMetrics, build_snapshot
 
-from extender_helpers import body, gpus, make_pod, names_args
+from extender_helpers import body, gpus
 
 GPU = "nvidia.com/gpu"
 MIG1G = "nvidia.com/mig-1g.10gb"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from gpufleet_testsupport.scheduler_requests import make_pod, names_args, node_obj, nodes_args
 
 from gpufleet_extender.wire import (
     WireError,
@@ -14,7 +15,7 @@ from gpufleet_extender.wire import (
     encode_filter_result,
 )
 
-from extender_helpers import body, make_pod, names_args, node_obj, nodes_args
+from extender_helpers import body
 
 # What kube-scheduler (HTTPExtender.Filter with nodeCacheCapable: true) writes: Go field names, nil as null.
 GO_NAMES_REQUEST = (

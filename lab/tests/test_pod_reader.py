@@ -8,8 +8,7 @@ import json
 import pytest
 from gpufleet_extender.pods import pod_gpu_request
 from gpufleet_extender.wire import WireError, decode_args
-
-from extender_helpers import make_pod
+from gpufleet_testsupport.scheduler_requests import make_pod
 
 
 def request_of(pod: dict):

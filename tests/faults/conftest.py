@@ -1,13 +1,9 @@
-"""The fault suite imports the collection as ansible_collections.gpufleet.mig (tests/support.py's private tree)."""
+"""The fault suite imports the collection as ansible_collections.gpufleet.mig (a private tree:
+gpufleet_testsupport.collection)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from support import collections_path
+from gpufleet_testsupport.collection import collections_path
 
 collections_path()
 

@@ -82,7 +82,6 @@ SUITES = {
             ("plugins", f"{COLLECTION}/plugins"),
             ("benchmarks", f"{COLLECTION}/benchmarks"),
             ("pytest.ini", f"{COLLECTION}/pytest.ini"),
-            ("tests/support.py", f"{COLLECTION}/tests/support.py"),
             ("tests/unit/plugins", f"{COLLECTION}/tests/unit/plugins"),
         ),
         # The exhaustive search-vs-brute-force test takes 20-40 s a run; per mutant that is hours on two cores.

@@ -41,7 +41,8 @@ sys.argv = ["pip", "install", "--upgrade"] + [arg for arg in sys.argv[1:] if arg
 runpy.run_module("pip", run_name="__main__", alter_sys=True)
 PY
 python_version=$("$venv/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-# extender/ and lab/ are Python packages of their own (ruff, mypy and pytest cover them); tests/, extensions/ and
-# benchmarks/ are not module content (ruff covers them).
+# extender/ and lab/ are Python packages of their own (ruff, mypy and pytest cover them); tests/, testsupport/ (the
+# tests' set-up), extensions/ and benchmarks/ are not module content (ruff covers them).
 exec "$venv/bin/ansible-test" sanity --python "$python_version" \
-  --exclude extender/ --exclude lab/ --exclude tests/ --exclude extensions/ --exclude .ci/ --exclude benchmarks/ "$@"
+  --exclude extender/ --exclude lab/ --exclude tests/ --exclude testsupport/ --exclude extensions/ --exclude .ci/ \
+  --exclude benchmarks/ "$@"

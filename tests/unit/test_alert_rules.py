@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import require_tool
+from gpufleet_testsupport.collection import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "roles" / "monitoring" / "files" / "gpufleet-alerts.rules.yml"

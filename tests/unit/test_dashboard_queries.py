@@ -15,30 +15,26 @@ Without Prometheus these tests skip, unless CI or GPUFLEET_REQUIRE_PROMETHEUS=1 
 
 from __future__ import annotations
 
-import http.server
 import json
 import re
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "extender" / "tests"))
-sys.path.insert(0, str(REPO / "tests"))
-
-from extender_helpers import make_pod, names_args  # noqa: E402
-from support import collections_path, free_port, require_tool  # noqa: E402
-from test_integration import start_extender, stop, wait_for  # noqa: E402  (the extender's own helpers)
+from gpufleet_testsupport.collection import collections_path, require_tool
+from gpufleet_testsupport.extender import start_extender
+from gpufleet_testsupport.processes import stop_process
+from gpufleet_testsupport.prometheus import Exporter, launch
+from gpufleet_testsupport.scheduler_requests import make_pod, names_args
+from gpufleet_testsupport.waits import wait_for
 
 collections_path()  # makes ansible_collections.gpufleet.mig importable
 
 from ansible_collections.gpufleet.mig.plugins.module_utils import boot_apply, layout_check  # noqa: E402
 from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import new_state  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
 
 DASHBOARD = REPO / "roles" / "monitoring" / "files" / "gpufleet-fleet-dashboard.json"
 CAPTURES = REPO / "extender" / "tests" / "data"
@@ -103,35 +99,6 @@ def _textfile(tmp_path: Path, node: str, pool: str, declared: list) -> str:
     return textfile.read_text(encoding="utf-8")
 
 
-class _Exporters:
-    """Serves the captured exporter text and the node textfiles, one path per target."""
-
-    def __init__(self, pages: dict[str, str]):
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                payload = pages.get(self.path, "").encode()
-                self.send_response(200 if self.path in pages else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def _exercise_extender(url: str, metrics_file: Path) -> None:
     """Decisions, one refused request, one failed refresh: the series the extender panels show."""
     pod = make_pod({"nvidia.com/gpu": "1"})
@@ -143,8 +110,8 @@ def _exercise_extender(url: str, metrics_file: Path) -> None:
     metrics_file.rename(kept)
     try:
         wait_for(
-            "a failed refresh of the missing METRICS_FILE",
             lambda: "gpufleet_extender_metrics_source_errors_total{" in httpx.get(f"{url}/metrics").text,
+            what="a failed refresh of the missing METRICS_FILE",
         )
     finally:
         kept.rename(metrics_file)
@@ -160,11 +127,10 @@ def prometheus(tmp_path_factory) -> Iterator[str]:
     metrics_file = tmp_path / "dcgm.prom"
     metrics_file.write_text(pages["/dcgm/Hostname"])
     env = {"METRICS_SOURCE": "file", "METRICS_FILE": str(metrics_file), "METRICS_REFRESH_SECONDS": "0.2"}
-    extender, extender_url = start_extender(env, tmp_path)
+    extender, extender_url = start_extender(tmp_path, {"KUBE_API": "off", **env}, ready=False)
     try:
         _exercise_extender(extender_url, metrics_file)
-        with _Exporters(pages) as exporters:
-            port = free_port()
+        with Exporter(pages.get) as exporters:
             jobs = [
                 ("dcgm-exporter", "/dcgm/Hostname"),
                 ("dcgm-exporter-new", "/dcgm/hostname"),
@@ -181,19 +147,7 @@ def prometheus(tmp_path_factory) -> Iterator[str]:
                 "  - job_name: gpufleet-extender\n"
                 f"    static_configs:\n      - targets: ['{extender_url.removeprefix('http://')}']\n"
             )
-            (tmp_path / "prometheus.yml").write_text(config)
-            with (tmp_path / "prometheus.log").open("w") as log:
-                process = subprocess.Popen(
-                    [
-                        prometheus_binary,
-                        f"--config.file={tmp_path / 'prometheus.yml'}",
-                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                        f"--web.listen-address=127.0.0.1:{port}",
-                    ],
-                    stdout=log,
-                    stderr=log,
-                )
-            url = f"http://127.0.0.1:{port}"
+            process, url = launch(tmp_path, config, binary=prometheus_binary)
             try:
 
                 def scraped_twice() -> bool:
@@ -201,12 +155,12 @@ def prometheus(tmp_path_factory) -> Iterator[str]:
                     answer = httpx.get(f"{url}/api/v1/query", params={"query": query})
                     return answer.status_code == 200 and bool(answer.json()["data"]["result"])
 
-                wait_for("Prometheus to scrape every target twice", scraped_twice, timeout=30)
+                wait_for(scraped_twice, timeout=30, what="Prometheus to scrape every target twice")
                 yield url
             finally:
-                stop(process)
+                stop_process(process)
     finally:
-        stop(extender)
+        stop_process(extender)
 
 
 def _query(url: str, expr: str) -> list[dict]:

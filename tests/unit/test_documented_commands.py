@@ -22,11 +22,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gpufleet_testsupport.collection import collections_path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
-
-from support import collections_path  # noqa: E402
 
 COLLECTIONS_PATH = collections_path()  # also makes ansible_collections.gpufleet.mig importable
 BIN = Path(sys.executable).parent

@@ -1,15 +1,9 @@
 """The NetworkPolicy evaluator (tests/netpol.py) against the API's semantics, on hand-made policies: the rendered
-policies' tests (tests/integration/roles/test_network_policies.py) are only as good as this."""
+policies' tests (tests/roles/test_network_policies.py) are only as good as this."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, as test_documented_commands does
-
 from netpol import Cluster, Endpoint, selector_matches
 
 WEB = Endpoint("shop", {"app": "web"}, {"http": 8080}, ip="10.244.0.5")

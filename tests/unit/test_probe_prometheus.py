@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from controlplane import serving_files
-from https_prometheus import FakePrometheus
+from gpufleet_testsupport.controlplane import serving_files
+from gpufleet_testsupport.https_prometheus import FakePrometheus
 
 
 def probe(url: str, token: str = "", ca: str = "", *args: str, stdin: str | None = None):

@@ -11,7 +11,7 @@ import yaml
 from gpufleet_extender.metrics_source import DECISION_LABELS
 from gpufleet_extender.push_config import kept_labels, write_relabel_configs
 from gpufleet_extender.snapshot import DCGM_METRICS
-from support import require_tool
+from gpufleet_testsupport.collection import require_tool
 
 URLS = ("https://gpufleet-extender-0.rw.gpufleet-system.svc:9402/api/v1/write", "https://10.0.0.5:9402/api/v1/write")
 

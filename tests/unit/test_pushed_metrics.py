@@ -1,4 +1,5 @@
-"""The push form end to end with a real sender: Debian's Prometheus scrapes tests/dcgm_fleet.py's fleet and sends
+"""The push form end to end with a real sender: Debian's Prometheus scrapes
+gpufleet_testsupport.dcgm_fleet's fleet and sends
 what `gpufleet-extender remote-write-config` tells it to (the four dcgm series, the decision's labels, a bearer
 token) to `gpufleet-extender serve` with METRICS_SOURCE=push; a second extender queries the same Prometheus
 (PROMETHEUS_QUERY=raw). For every resource of the fleet, both filter and rank every node alike; the pushed
@@ -14,10 +15,12 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet
 from gpufleet_extender.push_config import PushTarget, remote_write
-from scheduling import start_extender, stop_process
-from support import free_port, require_tool
+from gpufleet_testsupport.collection import require_tool
+from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet
+from gpufleet_testsupport.extender import start_extender
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.processes import stop_process
 
 NODE_LABELS = ("Hostname", "hostname")
 NODES = 30  # ten of each pool, three hot

@@ -1,6 +1,7 @@
 """The recorded form (PROMETHEUS_QUERY=recorded) decides as the raw dcgm series do.
 
-A real Prometheus (Debian's package) scrapes tests/dcgm_fleet.py's fleet (every instance of the Hong Kong layouts,
+A real Prometheus (Debian's package) scrapes gpufleet_testsupport.dcgm_fleet's fleet (every instance of the Hong Kong
+layouts,
 whole GPUs, both host label spellings, busy devices with a pod label, hot nodes) and evaluates the rules
 metrics_source.recording_rules generates; the extender's PrometheusSource reads it both ways, and the two snapshots
 must hold the same nodes, resources, devices and pods, with loads equal within the packing's quantum (0.001).
@@ -13,10 +14,10 @@ import asyncio
 import time
 
 import pytest
-from dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet
 from gpufleet_extender.metrics_source import PrometheusSource, exporter_matchers, recording_rules
 from gpufleet_extender.snapshot import MetricsSnapshot
-from support import require_tool
+from gpufleet_testsupport.collection import require_tool
+from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet
 
 NODE_LABELS = ("Hostname", "hostname")
 MATCHERS = exporter_matchers("dcgm-exporter", EXPORTER_NAMESPACE)

@@ -9,17 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import versions as tool
 import yaml
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "tools"))
-
-import versions as tool  # noqa: E402
-from support import collections_path  # noqa: E402
+from gpufleet_testsupport.collection import collections_path
 
 collections_path()  # makes ansible_collections.gpufleet.mig importable
 from ansible_collections.gpufleet.mig.plugins.module_utils import preflight  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
 
 VERSIONS = yaml.safe_load((REPO / "versions.yml").read_text())
 

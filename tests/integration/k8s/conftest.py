@@ -1,5 +1,5 @@
 """Fixtures for the tests against a real control plane (etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler from `make k8s-assets`; see tests/controlplane.py).
+kube-scheduler from `make k8s-assets`; see gpufleet_testsupport.controlplane).
 
 One control plane serves the whole session; each test works in namespaces and on nodes of its own, or cleans up
 what it shares. No kubelet runs: `FakeKubelet` plays its part for the nodes a test needs (registers the Node with
@@ -22,17 +22,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gpufleet_testsupport.collection import collections_path, try_render
+from gpufleet_testsupport.controlplane import ControlPlane, assets_dir, missing_assets
+from gpufleet_testsupport.scheduling import BindingWatch, node_status, register_node
+from gpufleet_testsupport.waits import wait_for
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "extender" / "tests"))  # exposition.py: dcgm-exporter text, as the tests fake it
-
-from controlplane import ControlPlane, assets_dir, missing_assets  # noqa: E402
-from scheduling import BindingWatch, node_status, register_node  # noqa: E402
-from support import collections_path, try_render  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -68,18 +66,6 @@ def api(control_plane) -> k8s.ApiClient:
 @pytest.fixture(scope="session")
 def core(api) -> k8s.CoreV1Api:
     return k8s.CoreV1Api(api)
-
-
-def wait_for(condition, timeout: float = 30, interval: float = 0.2, what: str = "condition"):
-    """Poll `condition()` until it returns something truthy; return that, or fail naming `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def ensure_namespace(core: k8s.CoreV1Api, name: str, labels: dict | None = None) -> None:

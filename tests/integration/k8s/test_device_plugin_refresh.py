@@ -9,9 +9,10 @@ import threading
 import time
 
 import pytest
-from conftest import FakeKubelet, ensure_namespace, wait_for
+from conftest import FakeKubelet, ensure_namespace
+from gpufleet_testsupport.collection import run_refresh
+from gpufleet_testsupport.waits import wait_for
 from kubernetes import client as k8s
-from support import run_refresh
 
 pytestmark = pytest.mark.integration
 

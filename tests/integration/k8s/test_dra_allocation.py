@@ -14,12 +14,13 @@ import time
 
 import pytest
 import yaml
-from conftest import ensure_namespace, wait_for
-from controlplane import needs_assets
+from conftest import ensure_namespace
 from dra_slices import DRIVER, dra_device_class, dra_placement, node_slices, replay_sequence
+from gpufleet_testsupport.collection import render_roles
+from gpufleet_testsupport.controlplane import needs_assets
+from gpufleet_testsupport.scheduling import rendered_scheduler_config
+from gpufleet_testsupport.waits import wait_for
 from kubernetes import client as k8s
-from scheduling import rendered_scheduler_config
-from support import render_roles
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from conftest import ensure_namespace
 from fleet_matrix import FLEETS, write_fleet
+from gpufleet_testsupport.collection import render_roles
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
-from support import render_roles
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ ROLES = [
 # Configuration files rendered beside the manifests for review: not API objects.
 NOT_API_OBJECTS = {"KubeSchedulerConfiguration", "DeschedulerPolicy"}
 # cert-manager's kinds (the extender's TLS) and the Prometheus Operator's (dcgm_exporter's recording rules): the test
-# apiserver has none of their CRDs to check them against (tests/integration/roles/test_dcgm_exporter.py checks the
+# apiserver has none of their CRDs to check them against (tests/roles/test_dcgm_exporter.py checks the
 # PrometheusRule's content).
 CRD_KINDS = {"Certificate", "Issuer", "PrometheusRule", "ServiceMonitor"}
 

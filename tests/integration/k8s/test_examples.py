@@ -21,15 +21,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import apply_tenants_role, lab_gpu_hosts, register_lab_gpu_nodes, wait_for
-from controlplane import needs_assets
+from conftest import apply_tenants_role, lab_gpu_hosts, register_lab_gpu_nodes
 from dra_slices import DRIVER, node_slices
+from gpufleet_testsupport.collection import REPO, render_roles
+from gpufleet_testsupport.controlplane import needs_assets
+from gpufleet_testsupport.scheduling import rendered_scheduler_config
+from gpufleet_testsupport.waits import wait_for
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
-from scheduling import rendered_scheduler_config
-from support import REPO, render_roles
 from test_scheduler_plugin import SCHEDULER, FakePrometheus, _plugin_scheduler
 
 pytestmark = pytest.mark.integration

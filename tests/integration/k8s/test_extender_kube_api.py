@@ -22,11 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import REPO, FakeKubelet, ensure_namespace, kubeconfig_for_token, wait_for
-from exposition import DeviceLoad, render_exposition
+from conftest import REPO, FakeKubelet, ensure_namespace, kubeconfig_for_token
+from gpufleet_testsupport.collection import try_render
+from gpufleet_testsupport.exposition import DeviceLoad, render_exposition
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.waits import wait_for
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
-from support import free_port, try_render
 
 pytestmark = pytest.mark.integration
 

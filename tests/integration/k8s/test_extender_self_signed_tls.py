@@ -13,20 +13,20 @@ import ssl
 
 import httpx
 import pytest
-from conftest import wait_for
-from kubernetes import client as k8s
-from kubernetes.client.rest import ApiException
-from scheduling import (
+from gpufleet_testsupport.collection import try_render
+from gpufleet_testsupport.extender import start_extender
+from gpufleet_testsupport.processes import stop_process
+from gpufleet_testsupport.scheduling import (
     MIG_RESOURCE,
     create_nodes,
     create_pods,
     gpu_pod,
     rendered_scheduler_config,
-    start_extender,
-    stop_process,
     write_mig_metrics,
 )
-from support import try_render
+from gpufleet_testsupport.waits import wait_for
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
 
 pytestmark = pytest.mark.integration
 

@@ -12,13 +12,21 @@ import time
 
 import httpx
 import pytest
-from conftest import wait_for
-from controlplane import needs_assets, serving_files
-from dcgm_fleet import EXPORTER_NAMESPACE, Fleet, FleetPrometheus
-from exposition import render_exposition
 from gpufleet_extender.push_config import PushTarget, remote_write
-from scheduling import MIG_RESOURCE, create_nodes, create_pods, gpu_pod, mig_devices, rendered_scheduler_config
-from support import free_port, require_tool
+from gpufleet_testsupport.collection import require_tool
+from gpufleet_testsupport.controlplane import needs_assets, serving_files
+from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, Fleet, FleetPrometheus
+from gpufleet_testsupport.exposition import render_exposition
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.scheduling import (
+    MIG_RESOURCE,
+    create_nodes,
+    create_pods,
+    gpu_pod,
+    mig_devices,
+    rendered_scheduler_config,
+)
+from gpufleet_testsupport.waits import wait_for
 
 pytestmark = [pytest.mark.integration, needs_assets("gpufleet-scheduler")]
 

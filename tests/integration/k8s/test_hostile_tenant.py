@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from conftest import apply_tenants_role, register_lab_gpu_nodes, wait_for
+from conftest import apply_tenants_role, register_lab_gpu_nodes
+from gpufleet_testsupport.waits import wait_for
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException

@@ -22,8 +22,8 @@ import httpx
 import pytest
 import yaml
 from conftest import REPO
-from scheduling import create_nodes, rendered_scheduler_config
-from support import free_port
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.scheduling import create_nodes, rendered_scheduler_config
 from test_scheduler_plugin import RESOURCE, SCHEDULER, FakePrometheus, make_pods
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,9 @@ import re
 
 import pytest
 import yaml
-from conftest import REPO, ensure_namespace, wait_for
-from controlplane import ControlPlane
+from conftest import REPO, ensure_namespace
+from gpufleet_testsupport.controlplane import ControlPlane
+from gpufleet_testsupport.waits import wait_for
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import wait_for
-from controlplane import needs_assets
-from dcgm_fleet import FleetPrometheus, SlowPrometheus, make_fleet
-from fake_prometheus import PROMETHEUS
-from scheduling import create_nodes, create_pods, gpu_pod, rendered_scheduler_config, start_extender, stop_process
+from gpufleet_testsupport.controlplane import needs_assets
+from gpufleet_testsupport.dcgm_fleet import FleetPrometheus, SlowPrometheus, make_fleet
+from gpufleet_testsupport.extender import start_extender
+from gpufleet_testsupport.processes import stop_process
+from gpufleet_testsupport.prometheus import PROMETHEUS
+from gpufleet_testsupport.scheduling import create_nodes, create_pods, gpu_pod, rendered_scheduler_config
+from gpufleet_testsupport.waits import wait_for
 
 pytestmark = [
     pytest.mark.integration,

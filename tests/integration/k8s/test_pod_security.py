@@ -10,10 +10,10 @@ import copy
 
 import pytest
 import yaml
-from conftest import wait_for
+from gpufleet_testsupport.collection import render_roles
+from gpufleet_testsupport.waits import wait_for
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
-from support import render_roles
 
 pytestmark = pytest.mark.integration
 

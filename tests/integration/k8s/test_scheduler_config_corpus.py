@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from controlplane import assets_dir, missing_assets
+from gpufleet_testsupport.collection import collections_path
+from gpufleet_testsupport.controlplane import assets_dir, missing_assets
 from scheduler_config_corpus import corpus
-from support import collections_path
 
 collections_path()
 from ansible_collections.gpufleet.mig.plugins.module_utils.kube_scheduler_config import (  # noqa: E402

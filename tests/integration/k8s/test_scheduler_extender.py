@@ -7,18 +7,18 @@ kube-scheduler reads its configuration once, so each variant starts a scheduler 
 from __future__ import annotations
 
 import pytest
-from conftest import wait_for
-from scheduling import (
+from gpufleet_testsupport.extender import start_extender
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.processes import stop_process
+from gpufleet_testsupport.scheduling import (
     MIG_RESOURCE,
+    create_mig_pods,
     create_nodes,
-    create_pods,
-    gpu_pod,
+    failed_scheduling,
     rendered_scheduler_config,
-    start_extender,
-    stop_process,
     write_mig_metrics,
 )
-from support import free_port
+from gpufleet_testsupport.waits import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -63,31 +63,19 @@ def scheduler(control_plane, tmp_path):
         control_plane.stop_component(name)
 
 
-def make_pods(core, namespace: str, count: int) -> None:
-    pods = [gpu_pod(f"mig-{i}", "gpufleet-scheduler", {MIG_RESOURCE: "1"}) for i in range(count)]
-    for pod in pods:
-        pod.spec.node_selector = POOL
-    create_pods(core, namespace, pods)
-
-
-def failed_scheduling_messages(core, namespace: str) -> list[str]:
-    events = core.list_namespaced_event(namespace, field_selector="reason=FailedScheduling").items
-    return [event.message for event in events]
-
-
 def test_mig_pods_bind_by_load_and_never_to_a_hot_node(core, extender, scheduler, namespace):
     namespace, bindings = namespace
     scheduler(extender, ignorable=True)
 
     # One more pod than the cool nodes hold: the hot node has free instances, but all of them are above the
     # threshold, so the last pod must wait rather than land there.
-    make_pods(core, namespace, len(COOL) * SLOTS + 1)
+    create_mig_pods(core, namespace, len(COOL) * SLOTS + 1, POOL)
 
     assert bindings.wait(len(COOL) * SLOTS, timeout=60), f"bound: {bindings.bound}"
     placed = [node for node, _ in bindings.bound.values()]
     assert sorted(set(placed)) == COOL
     assert all(placed.count(node) == SLOTS for node in COOL)
-    messages = wait_for(lambda: failed_scheduling_messages(core, namespace), what="a FailedScheduling event")
+    messages = wait_for(lambda: failed_scheduling(core, namespace), what="a FailedScheduling event")
     assert any(HOT in message or "below thresholds" in message for message in messages), messages
 
 
@@ -95,7 +83,7 @@ def test_an_ignorable_extender_that_is_down_does_not_stop_scheduling(core, nodes
     namespace, bindings = namespace
     scheduler(f"http://127.0.0.1:{free_port()}", ignorable=True)  # nothing listens there
 
-    make_pods(core, namespace, 3)
+    create_mig_pods(core, namespace, 3, POOL)
 
     assert bindings.wait(3, timeout=60), f"bound: {bindings.bound}"
 
@@ -104,8 +92,8 @@ def test_a_required_extender_that_is_down_keeps_pods_pending_with_the_reason(cor
     namespace, bindings = namespace
     scheduler(f"http://127.0.0.1:{free_port()}", ignorable=False)
 
-    make_pods(core, namespace, 2)
+    create_mig_pods(core, namespace, 2, POOL)
 
-    messages = wait_for(lambda: failed_scheduling_messages(core, namespace), what="a FailedScheduling event")
+    messages = wait_for(lambda: failed_scheduling(core, namespace), what="a FailedScheduling event")
     assert any("connection refused" in message for message in messages), messages
     assert bindings.bound == {}

@@ -11,18 +11,18 @@ import ssl
 
 import httpx
 import pytest
-from conftest import wait_for
-from controlplane import serving_files
-from scheduling import (
+from gpufleet_testsupport.controlplane import serving_files
+from gpufleet_testsupport.extender import start_extender
+from gpufleet_testsupport.processes import stop_process
+from gpufleet_testsupport.scheduling import (
     MIG_RESOURCE,
+    create_mig_pods,
     create_nodes,
-    create_pods,
-    gpu_pod,
+    failed_scheduling,
     rendered_scheduler_config,
-    start_extender,
-    stop_process,
     write_mig_metrics,
 )
+from gpufleet_testsupport.waits import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -69,23 +69,12 @@ def scheduler(control_plane, tmp_path):
         control_plane.stop_component(name)
 
 
-def make_pods(core, namespace: str, count: int) -> None:
-    pods = [gpu_pod(f"mig-{i}", "gpufleet-scheduler", {MIG_RESOURCE: "1"}) for i in range(count)]
-    for pod in pods:
-        pod.spec.node_selector = POOL
-    create_pods(core, namespace, pods)
-
-
-def failed_scheduling(core, namespace: str) -> list[str]:
-    return [e.message for e in core.list_namespaced_event(namespace, field_selector="reason=FailedScheduling").items]
-
-
 def test_the_scheduler_calls_the_extender_over_tls_and_follows_it(core, tls_extender, scheduler, namespace):
     namespace, bindings = namespace
     url, files = tls_extender
     scheduler(url, files["ca.crt"])
 
-    make_pods(core, namespace, 3)
+    create_mig_pods(core, namespace, 3, POOL)
 
     assert bindings.wait(3, timeout=60), f"bound: {bindings.bound}"
     # Only the extender knows the hot node is hot: every pod on the cool one means its answers arrived.
@@ -98,7 +87,7 @@ def test_a_scheduler_with_another_ca_refuses_the_extender(core, tls_extender, sc
     impostor = serving_files(tmp_path, "impostor", (SERVER_NAME,))
     scheduler(url, impostor["ca.crt"])
 
-    make_pods(core, namespace, 1)
+    create_mig_pods(core, namespace, 1, POOL)
 
     messages = wait_for(lambda: failed_scheduling(core, namespace), what="a FailedScheduling event")
     assert any("certificate signed by unknown authority" in m for m in messages), messages

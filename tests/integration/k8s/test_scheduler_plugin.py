@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import wait_for
-from controlplane import needs_assets
-from https_prometheus import PROFILE, FakePrometheus
-from scheduling import create_nodes, create_pods, gpu_pod, rendered_scheduler_config
+from gpufleet_testsupport.controlplane import needs_assets
+from gpufleet_testsupport.https_prometheus import PROFILE, FakePrometheus
+from gpufleet_testsupport.scheduling import create_nodes, create_pods, gpu_pod, rendered_scheduler_config
+from gpufleet_testsupport.waits import wait_for
 
 pytestmark = [pytest.mark.integration, needs_assets("gpufleet-scheduler")]
 

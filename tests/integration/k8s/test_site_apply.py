@@ -11,14 +11,15 @@ import threading
 import time
 
 import pytest
-from conftest import FakeKubelet, ensure_namespace, lab_gpu_hosts, register_lab_gpu_nodes, wait_for
-from controlplane import serving_files
-from https_prometheus import FakePrometheus
+from conftest import FakeKubelet, ensure_namespace, lab_gpu_hosts, register_lab_gpu_nodes
+from gpufleet_testsupport.collection import run_playbook, try_render
+from gpufleet_testsupport.controlplane import serving_files
+from gpufleet_testsupport.https_prometheus import FakePrometheus
+from gpufleet_testsupport.waits import wait_for
 from kubernetes import client as k8s
 from kubernetes import dynamic
 from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
-from support import run_playbook, try_render
 
 pytestmark = pytest.mark.integration
 

@@ -1,12 +1,7 @@
-"""Playbook tests on the simulated lab: tests/ on sys.path (support, fake_kubelet), the collection importable."""
+"""Playbook tests on the simulated lab: the collection importable as ansible_collections.gpufleet.mig."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from support import collections_path
+from gpufleet_testsupport.collection import collections_path
 
 COLLECTIONS_PATH = collections_path()

@@ -18,9 +18,11 @@ import pytest
 from ansible_collections.gpufleet.mig.plugins.module_utils import gpu_info
 from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml, new_state
 from ansible_collections.gpufleet.mig.plugins.module_utils.runner import apply
-from fake_kubelet import FakeKubelet, NodeDevices
-from fake_prometheus import busy_count, free_port, mig_series, prometheus, wait_for
-from support import REPO, inventory_args, run_playbook
+from gpufleet_testsupport.collection import REPO, inventory_args, run_playbook
+from gpufleet_testsupport.kubelet import FakeKubelet, NodeDevices
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.prometheus import busy_count, mig_series, prometheus
+from gpufleet_testsupport.waits import wait_for
 
 POOL = ["hk-gpu-17", "hk-gpu-18", "hk-gpu-19", "hk-gpu-20"]
 FINNLP = [{"devices": "all", "mig_enabled": True, "mig_devices": {"1g.10gb": 7}}]
@@ -138,11 +140,11 @@ def test_check_mode_adds_recent_usage_from_prometheus(tmp_path):
     }
     with prometheus(tmp_path) as (url, exporter):
         exporter.text = "".join(mig_series("hk-gpu-17", gi, "1g.10gb", 0.9) for gi in range(4))
-        wait_for("four busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-17", "1g.10gb") == 4)
+        wait_for(lambda: busy_count(url, "hk-gpu-17", "1g.10gb") == 4, what="four busy 1g.10gb scraped")
         exporter.text = mig_series("hk-gpu-17", 0, "1g.10gb", 0.9) + "".join(
             mig_series("hk-gpu-17", gi, "1g.10gb", 0.0) for gi in range(1, 4)
         )
-        wait_for("one busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-17", "1g.10gb") == 1)
+        wait_for(lambda: busy_count(url, "hk-gpu-17", "1g.10gb") == 1, what="one busy 1g.10gb scraped")
         check = run_playbook(
             "playbooks/mig-rebalance.yml",
             "inventories/hongkong+lab",

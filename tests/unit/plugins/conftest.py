@@ -6,12 +6,11 @@ A private collections tree (a symlink to the repo) is made per test session, so 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from gpufleet_testsupport.collection import collections_path
+
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tests"))
 
-from support import collections_path  # noqa: E402
-
-COLLECTIONS_PATH = collections_path()
+# This tree's own root: the mutation run tests its scratch copy of the collection (tests/mutation/run_mutation.py).
+COLLECTIONS_PATH = collections_path(REPO)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from ansible_collections.gpufleet.mig.plugins.module_utils import dra_placement as dp
 from ansible_collections.gpufleet.mig.plugins.module_utils.profile_tables import H100_80GB, H200_141GB
-from support import REPO
+from gpufleet_testsupport.collection import REPO
 
 ONE_G = dp.kind("1g.10gb")
 TWO_G = dp.kind("2g.20gb")

@@ -1,4 +1,4 @@
-"""pod_resources against a real gRPC server on a unix socket (tests/fake_kubelet.py): what is allocated to whom,
+"""pod_resources against a real gRPC server on a unix socket (gpufleet_testsupport.kubelet): what is allocated to whom,
 what is free, and one-line errors for a missing socket, no permission, nothing listening, an older kubelet."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import yaml
 from ansible_collections.gpufleet.mig.plugins.module_utils import pod_resources
 from ansible_collections.gpufleet.mig.plugins.module_utils.pod_resources import PodResourcesError, read_pod_resources
-from fake_kubelet import FakeKubelet, NodeDevices
-from support import REPO
+from gpufleet_testsupport.collection import REPO
+from gpufleet_testsupport.kubelet import FakeKubelet, NodeDevices
 
 MIG_3G, MIG_1G = "nvidia.com/mig-3g.40gb", "nvidia.com/mig-1g.10gb"
 

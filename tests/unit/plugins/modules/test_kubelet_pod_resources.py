@@ -14,8 +14,8 @@ import pytest
 import yaml
 from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpufleet.mig.plugins.modules import kubelet_pod_resources
-from fake_kubelet import FakeKubelet, NodeDevices
-from support import REPO, collections_path
+from gpufleet_testsupport.collection import REPO, collections_path
+from gpufleet_testsupport.kubelet import FakeKubelet, NodeDevices
 
 NODE = NodeDevices(
     pods={("imagegen", "sdxl-1"): {"worker": {"nvidia.com/mig-3g.40gb": ["MIG-a"]}}},

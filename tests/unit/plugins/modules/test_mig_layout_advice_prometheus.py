@@ -4,6 +4,7 @@ dcgm-exporter stand-in on 127.0.0.1 whose MIG series the test changes: three 1g.
 from __future__ import annotations
 
 import json
+import ssl
 import time
 
 import pytest
@@ -12,8 +13,13 @@ from ansible_collections.gpufleet.mig.plugins.module_utils.advisor import Advice
 from ansible_collections.gpufleet.mig.plugins.module_utils.nvml_sim import SimulatedNvml, new_state
 from ansible_collections.gpufleet.mig.plugins.module_utils.runner import apply
 from ansible_collections.gpufleet.mig.plugins.modules import mig_layout_advice
-from fake_prometheus import busy_count, free_port, mig_series, wait_for
-from fake_prometheus import prometheus as start_prometheus
+from gpufleet_testsupport import servers
+from gpufleet_testsupport.controlplane import serving_files
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.prometheus import busy_count, mig_series
+from gpufleet_testsupport.prometheus import prometheus as start_prometheus
+from gpufleet_testsupport.servers import QuietHandler, serve
+from gpufleet_testsupport.waits import wait_for
 
 
 @pytest.fixture
@@ -41,7 +47,7 @@ def test_recent_usage_adds_the_instances_busy_lately_and_free_now(prometheus, tm
         + mig_series("hk-gpu-12", 7, "1g.10gb", 0.9, host_label="hostname")
         + "".join(mig_series("hk-gpu-99", gi, "1g.10gb", 0.9) for gi in (7, 8))
     )
-    wait_for("three busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-11", "1g.10gb") == 3)
+    wait_for(lambda: busy_count(url, "hk-gpu-11", "1g.10gb") == 3, what="three busy 1g.10gb scraped")
     time.sleep(2)  # a few samples of the busy state inside the look-back
     # Then: two of the 1g.10gb go idle (their pods ended), the 3g.40gb stays busy, hk-gpu-99 goes idle.
     exporter.text = (
@@ -51,7 +57,7 @@ def test_recent_usage_adds_the_instances_busy_lately_and_free_now(prometheus, tm
         + "".join(mig_series("hk-gpu-99", gi, "1g.10gb", 0.0) for gi in (7, 8))
         + mig_series("hk-gpu-12", 7, "1g.10gb", 0.0, host_label="hostname")
     )
-    wait_for("one busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-11", "1g.10gb") == 1)
+    wait_for(lambda: busy_count(url, "hk-gpu-11", "1g.10gb") == 1, what="one busy 1g.10gb scraped")
     options = {"url": url, "window": "60s", "step": "1s", "busy_above": 0.05, "host_label": None, "timeout": 5}
     query, usage = mig_layout_advice.demand_from_prometheus(options, ["hk-gpu-11", "hk-gpu-12"])
     # 1g.10gb: 4 busy at most over the minute (either host label), 1 now -> 3; 3g.40gb: 1 and 1 -> 0 (left out);
@@ -79,7 +85,7 @@ def test_recent_usage_adds_the_instances_busy_lately_and_free_now(prometheus, tm
     assert 'Hostname=~"hk\\\\-gpu\\\\-11"' in result["usage_query"]
     # Nothing busy now, the 3g.40gb gone altogether: no series to subtract ("or peak"), so the demand is the peak.
     exporter.text = "".join(mig_series("hk-gpu-11", gi, "1g.10gb", 0.0) for gi in (7, 8, 9))
-    wait_for("no busy 1g.10gb scraped", lambda: busy_count(url, "hk-gpu-11", "1g.10gb") == 0)
+    wait_for(lambda: busy_count(url, "hk-gpu-11", "1g.10gb") == 0, what="no busy 1g.10gb scraped")
     assert mig_layout_advice.demand_from_prometheus(options, ["hk-gpu-11"])[1] == {"1g.10gb": 3, "3g.40gb": 1}
 
 
@@ -96,18 +102,12 @@ def test_an_unreachable_prometheus_or_a_bad_window_is_one_clear_error():
 def https_prometheus(tmp_path):
     """A Prometheus stand-in over https (a certificate from a CA of its own) answering the usage query only to the
     bearer token in its token file, as the fleet's Prometheus does: 401 otherwise."""
-    import ssl
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from controlplane import serving_files
-
     pki = serving_files(tmp_path / "pki", "prometheus", ("127.0.0.1",))
     token = tmp_path / "token"
     token.write_text("fleet-token\n")
     seen: list[str | None] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             seen.append(self.headers.get("Authorization"))
@@ -123,24 +123,12 @@ def https_prometheus(tmp_path):
                 if ok
                 else {"status": "error"}
             )
-            payload = json.dumps(body).encode()
-            self.send_response(200 if ok else 401)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self.send_json(body, 200 if ok else 401)
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pki["tls.crt"], pki["tls.key"])
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"https://127.0.0.1:{server.server_address[1]}", pki["ca.crt"], token, seen
-    server.shutdown()
-    server.server_close()
+    with serve(Handler, context) as server:
+        yield servers.url(server), pki["ca.crt"], token, seen
 
 
 def test_an_https_prometheus_with_a_token_is_read_with_its_ca_and_token(https_prometheus, tmp_path):
