@@ -53,11 +53,14 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from conftest import ensure_namespace, wait_for
-from dcgm_fleet import EXPORTER_NAMESPACE, Fleet, FleetPrometheus
-from exposition import render_exposition
-from fake_prometheus import PROMETHEUS
-from scheduling import (
+from conftest import ensure_namespace
+from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, Fleet, FleetPrometheus
+from gpufleet_testsupport.exposition import render_exposition
+from gpufleet_testsupport.extender import start_extender
+from gpufleet_testsupport.ports import free_port
+from gpufleet_testsupport.processes import stop_process
+from gpufleet_testsupport.prometheus import PROMETHEUS
+from gpufleet_testsupport.scheduling import (
     MIG_RESOURCE,
     BindingWatch,
     create_nodes,
@@ -65,12 +68,10 @@ from scheduling import (
     gpu_pod,
     mig_devices,
     rendered_scheduler_config,
-    start_extender,
-    stop_process,
     write_mig_metrics,
 )
-from support import free_port
-from tcp_proxy import RoundRobinProxy, ServiceProxy
+from gpufleet_testsupport.tcp_proxy import RoundRobinProxy, ServiceProxy
+from gpufleet_testsupport.waits import wait_for
 
 pytestmark = pytest.mark.integration
 
