@@ -108,3 +108,10 @@ def test_bad_standard_input_is_one_line_not_a_traceback(prometheus, stdin):
     assert (code, found) == (2, None)
     assert stderr.startswith("gpufleet-extender probe-prometheus: ") and "Traceback" not in stderr
     assert len(stderr.strip().splitlines()) == 1
+
+
+def test_a_ca_that_is_no_certificate_is_a_tls_problem_without_a_temporary_path(prometheus):
+    code, found, _ = probe(prometheus.url, prometheus.token, "not a certificate")
+    assert (code, found["kind"]) == (1, "tls"), found
+    assert found["message"] == "the CA given is not a PEM certificate (bundle) Python's ssl can load"
+    assert prometheus.authorizations == []

@@ -107,8 +107,8 @@ async def _probe(args: argparse.Namespace, secrets: dict[str, str]) -> dict[str,
                 query=args.query,
                 server_name=args.server_name,
             )
-        except MetricsSourceError as exc:
-            return _finding("tls", str(exc))
+        except MetricsSourceError:
+            return _finding("tls", "the CA given is not a PEM certificate (bundle) Python's ssl can load")
         try:
             snapshot = await source.fetch(0)
         except MetricsSourceError as exc:
