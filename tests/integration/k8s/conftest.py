@@ -68,6 +68,21 @@ def core(api) -> k8s.CoreV1Api:
     return k8s.CoreV1Api(api)
 
 
+@pytest.fixture
+def schedulers(control_plane):
+    """Starts schedulers on the session's control plane (control_plane.start_scheduler's arguments; returns the
+    name) and stops each after the test."""
+    names: list[str] = []
+
+    def start(config: dict, **kwargs) -> str:
+        names.append(control_plane.start_scheduler(config, **kwargs))
+        return names[-1]
+
+    yield start
+    for name in names:
+        control_plane.stop_component(name)
+
+
 def ensure_namespace(core: k8s.CoreV1Api, name: str, labels: dict | None = None) -> None:
     """Create the namespace and wait for its default ServiceAccount (pods are refused until it exists)."""
     try:

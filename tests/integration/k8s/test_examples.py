@@ -269,7 +269,7 @@ def dra_fleet(control_plane, core, api, pools, tmp_path):
 
 @needs_assets("gpufleet-scheduler")
 def test_dra_examples_are_bound_into_their_pools_with_their_claims_allocated(
-    control_plane, core, api, pools, tenant_api, dra_fleet, tmp_path
+    core, api, pools, tenant_api, dra_fleet, schedulers, tmp_path
 ):
     resource_api = dra_fleet
     config = rendered_scheduler_config(
@@ -279,48 +279,45 @@ def test_dra_examples_are_bound_into_their_pools_with_their_claims_allocated(
         kube_scheduler_prometheus_allow_http=True,  # nothing answers there: every node's load missing, allowed
         kube_scheduler_plugin_extra_args={"prometheusURL": "http://127.0.0.1:9", "metricsRefreshSeconds": 1},
     )
-    scheduler = control_plane.start_scheduler(config, binary=SCHEDULER, name=f"gpufleet-scheduler-{tmp_path.name}")
-    try:
-        expected: dict[str, tuple[str, str, int]] = {}  # workload -> (tenant, namespace, pods)
-        for path in sorted((EXAMPLES / "dra").glob("*.yaml")):
-            for doc in documents(path):
-                doc = copy.deepcopy(doc)
-                tenant, namespace = tenant_of_namespace(doc["metadata"]["namespace"]), doc["metadata"]["namespace"]
-                if doc["kind"] in WORKLOAD_KINDS:
-                    pod_template(doc)["spec"]["schedulerName"] = SCHEDULER
-                    for volume in pod_template(doc)["spec"].get("volumes", []):
-                        if claim := volume.get("persistentVolumeClaim", {}).get("claimName"):
-                            with contextlib.suppress(ApiException):  # made by the device-plugin test already
-                                provide_volume(core, k8s.CoreV1Api(tenant_api(tenant)), namespace, claim)
-                    spec = doc["spec"]
-                    expected[doc["metadata"]["name"]] = (
-                        tenant,
-                        namespace,
-                        spec.get("replicas", spec.get("parallelism", 1)),
-                    )
-                create(tenant_api(tenant), doc)
+    schedulers(config, binary=SCHEDULER, name=f"gpufleet-scheduler-{tmp_path.name}")
+    expected: dict[str, tuple[str, str, int]] = {}  # workload -> (tenant, namespace, pods)
+    for path in sorted((EXAMPLES / "dra").glob("*.yaml")):
+        for doc in documents(path):
+            doc = copy.deepcopy(doc)
+            tenant, namespace = tenant_of_namespace(doc["metadata"]["namespace"]), doc["metadata"]["namespace"]
+            if doc["kind"] in WORKLOAD_KINDS:
+                pod_template(doc)["spec"]["schedulerName"] = SCHEDULER
+                for volume in pod_template(doc)["spec"].get("volumes", []):
+                    if claim := volume.get("persistentVolumeClaim", {}).get("claimName"):
+                        with contextlib.suppress(ApiException):  # made by the device-plugin test already
+                            provide_volume(core, k8s.CoreV1Api(tenant_api(tenant)), namespace, claim)
+                spec = doc["spec"]
+                expected[doc["metadata"]["name"]] = (
+                    tenant,
+                    namespace,
+                    spec.get("replicas", spec.get("parallelism", 1)),
+                )
+            create(tenant_api(tenant), doc)
 
-        def bound():
-            placed = {}
-            for name, (_, namespace, _) in expected.items():
-                pods = core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/name={name}").items
-                placed[name] = [p for p in pods if p.spec.node_name]
-            return placed if all(len(placed[n]) == expected[n][2] for n in expected) else None
+    def bound():
+        placed = {}
+        for name, (_, namespace, _) in expected.items():
+            pods = core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/name={name}").items
+            placed[name] = [p for p in pods if p.spec.node_name]
+        return placed if all(len(placed[n]) == expected[n][2] for n in expected) else None
 
-        placed = wait_for(bound, timeout=120, interval=0.5, what="every DRA example pod to be bound")
-        for name, pods in placed.items():
-            tenant, namespace, _ = expected[name]
-            assert {p.spec.node_name for p in pods} <= pools[tenant], (name, [p.spec.node_name for p in pods])
-            for pod in pods:
-                statuses = pod.status.resource_claim_statuses or []
-                assert statuses, f"{pod.metadata.name}: no claim made from its template"
-                for status in statuses:
-                    claim = resource_api.read_namespaced_resource_claim(status.resource_claim_name, namespace)
-                    allocation = claim.status.allocation
-                    assert allocation is not None, claim.metadata.name
-                    results = allocation.devices.results
-                    assert results and {r.pool for r in results} == {pod.spec.node_name}, (claim.metadata.name, results)
-                    if name == "llama-70b":
-                        assert len({r.device for r in results}) == 8
-    finally:
-        control_plane.stop_component(scheduler)
+    placed = wait_for(bound, timeout=120, interval=0.5, what="every DRA example pod to be bound")
+    for name, pods in placed.items():
+        tenant, namespace, _ = expected[name]
+        assert {p.spec.node_name for p in pods} <= pools[tenant], (name, [p.spec.node_name for p in pods])
+        for pod in pods:
+            statuses = pod.status.resource_claim_statuses or []
+            assert statuses, f"{pod.metadata.name}: no claim made from its template"
+            for status in statuses:
+                claim = resource_api.read_namespaced_resource_claim(status.resource_claim_name, namespace)
+                allocation = claim.status.allocation
+                assert allocation is not None, claim.metadata.name
+                results = allocation.devices.results
+                assert results and {r.pool for r in results} == {pod.spec.node_name}, (claim.metadata.name, results)
+                if name == "llama-70b":
+                    assert len({r.device for r in results}) == 8

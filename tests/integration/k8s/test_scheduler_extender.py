@@ -46,9 +46,9 @@ def extender(nodes, tmp_path_factory):
 
 
 @pytest.fixture
-def scheduler(control_plane, tmp_path):
+def scheduler(schedulers, tmp_path):
     """Start a scheduler with the role's configuration for `url_prefix`; stopped after the test."""
-    names = []
+    started = []
 
     def start(url_prefix: str, ignorable: bool) -> None:
         config = rendered_scheduler_config(
@@ -56,11 +56,9 @@ def scheduler(control_plane, tmp_path):
         )
         assert config["profiles"][0]["schedulerName"] == "gpufleet-scheduler"
         assert MIG_RESOURCE in [r["name"] for r in config["extenders"][0]["managedResources"]]
-        names.append(control_plane.start_scheduler(config, name=f"gpufleet-scheduler-{len(names)}"))
+        started.append(schedulers(config, name=f"gpufleet-scheduler-{len(started)}"))
 
-    yield start
-    for name in names:
-        control_plane.stop_component(name)
+    return start
 
 
 def test_mig_pods_bind_by_load_and_never_to_a_hot_node(core, extender, scheduler, namespace):

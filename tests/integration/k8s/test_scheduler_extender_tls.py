@@ -49,8 +49,8 @@ def tls_extender(nodes, tmp_path_factory):
 
 
 @pytest.fixture
-def scheduler(control_plane, tmp_path):
-    names = []
+def scheduler(schedulers, tmp_path):
+    started = []
 
     def start(url: str, ca_file) -> None:
         config = rendered_scheduler_config(
@@ -62,11 +62,9 @@ def scheduler(control_plane, tmp_path):
         extender = config["extenders"][0]
         assert extender["enableHTTPS"] is True
         assert extender["tlsConfig"]["serverName"] == SERVER_NAME and extender["tlsConfig"]["caData"]
-        names.append(control_plane.start_scheduler(config, name=f"gpufleet-scheduler-tls-{len(names)}"))
+        started.append(schedulers(config, name=f"gpufleet-scheduler-tls-{len(started)}"))
 
-    yield start
-    for name in names:
-        control_plane.stop_component(name)
+    return start
 
 
 def test_the_scheduler_calls_the_extender_over_tls_and_follows_it(core, tls_extender, scheduler, namespace):

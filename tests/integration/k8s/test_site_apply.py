@@ -349,6 +349,9 @@ def test_an_upgrade_rolls_the_extender_and_the_scheduler_with_one_always_ready(s
         "gpu_extender_image": "registry.invalid/gpufleet/gpufleet-extender:0.1.1",
         "kube_scheduler_plugin_image": "registry.invalid/gpufleet/gpufleet-scheduler:v1.36.4",
         "gpu_extender_log_level": "debug",
+        # dcgm-exporter runs now, so preflight would ask Prometheus for the recording rules' series, which this
+        # stand-in does not compute (test_preflight_queries_prometheus_as_each_reader_will covers that probe).
+        "preflight_prometheus_probe": False,
     }
     lowest_ready = dict.fromkeys(names, 99)
     stop = threading.Event()
