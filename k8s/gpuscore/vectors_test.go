@@ -1,7 +1,7 @@
 package gpuscore
 
 // Every case of testdata/vectors.json, generated from the extender's scoring.py by
-// `python -m gpufleet_extender.conformance` (the extender's tests regenerate it and compare byte for byte).
+// `python -m gpufleet_lab.conformance` (the lab's tests regenerate it and compare byte for byte).
 
 import (
 	"encoding/json"
