@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpufleet_extender import __version__, startup
+from gpufleet_extender.exporter_args import add_exporter_arguments, node_labels_of
 
 EXIT_CANNOT_LISTEN = 1
 EXIT_BAD_SETTINGS = 2
@@ -190,29 +191,10 @@ def _add_check_config(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     check.set_defaults(handler=_check_config)
 
 
-def _node_labels(args: argparse.Namespace) -> tuple[str, ...]:
-    """--node-label, repeated or comma-separated, as NODE_NAME_LABELS reads it (default Hostname, hostname)."""
-    return tuple(label for value in args.node_label for label in value.split(",") if label) or ("Hostname", "hostname")
-
-
-def _add_exporter_arguments(parser: argparse.ArgumentParser) -> None:
-    """Which dcgm series a generated configuration reads: their host labels, the exporter's job and namespace."""
-    parser.add_argument(
-        "--node-label",
-        action="append",
-        default=[],
-        help="host label of the dcgm series, as NODE_NAME_LABELS (repeat or comma-separate; default Hostname,hostname)",
-    )
-    parser.add_argument("--exporter-job", default="", help="the exporter's scrape job, as EXPORTER_JOB ('': any)")
-    parser.add_argument(
-        "--exporter-namespace", default="", help="the exporter's namespace label, as EXPORTER_NAMESPACE ('': any)"
-    )
-
-
 def _recording_rules(args: argparse.Namespace) -> int:
     from gpufleet_extender.metrics_source import exporter_matchers, recording_rules, recording_rules_file
 
-    node_labels = _node_labels(args)
+    node_labels = node_labels_of(args)
     matchers = exporter_matchers(args.exporter_job, args.exporter_namespace)
     group = recording_rules(node_labels, matchers, args.interval)
     sys.stdout.write(recording_rules_file(group))
@@ -224,7 +206,7 @@ def _add_recording_rules(subparsers: argparse._SubParsersAction[argparse.Argumen
         "recording-rules",
         help="print the Prometheus recording rules PROMETHEUS_QUERY=recorded reads (a rules file, YAML)",
     )
-    _add_exporter_arguments(rules)
+    add_exporter_arguments(rules)
     rules.add_argument(
         "--interval",
         default="",
@@ -238,7 +220,7 @@ def _remote_write_config(args: argparse.Namespace) -> int:
 
     from gpufleet_extender.push_config import PushTarget, operator_remote_write, remote_write
 
-    node_labels = _node_labels(args)
+    node_labels = node_labels_of(args)
     pinned = {"job": args.exporter_job, "namespace": args.exporter_namespace}
     if args.operator:
         secret = _secret_key(args.token_secret, "--token-secret") if args.token_secret else None
@@ -268,7 +250,7 @@ def _add_remote_write_config(subparsers: argparse._SubParsersAction[argparse.Arg
         help="print the Prometheus remote-write configuration METRICS_SOURCE=push needs (YAML)",
     )
     push.add_argument("--url", action="append", required=True, help="a receiver's URL (repeat: one per receiver)")
-    _add_exporter_arguments(push)
+    add_exporter_arguments(push)
     push.add_argument("--token-file", default="", help="plain Prometheus: file holding the receivers' bearer token")
     push.add_argument("--ca-file", default="", help="plain Prometheus: the CA the receivers' certificates chain to")
     push.add_argument(

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpufleet_extender.exporter_args import add_exporter_arguments, node_labels_of
+
 HELP = "query Prometheus once as the fleet's readers will (https, CA, token, queries) and print what was found"
 
 EXIT_PROBLEM = 1
@@ -35,11 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the name Prometheus' certificate holds, when --url reaches it by another (a port-forward)",
     )
     parser.add_argument("--query", default="raw", help="the readers' query form (PROMETHEUS_QUERY: raw or recorded)")
-    parser.add_argument(
-        "--node-label", action="append", default=[], help="host label of the dcgm series (NODE_NAME_LABELS)"
-    )
-    parser.add_argument("--exporter-job", default="", help="the exporter's scrape job (EXPORTER_JOB)")
-    parser.add_argument("--exporter-namespace", default="", help="the exporter's namespace label (EXPORTER_NAMESPACE)")
+    add_exporter_arguments(parser)
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds for the whole refresh (default 5)")
     parser.add_argument(
         "--expect-series", action="store_true", help="dcgm-exporter runs already: an answer without a GPU node fails"
@@ -85,10 +83,7 @@ def _finding(kind: str, message: str, nodes: int = 0, age: float | None = None) 
 async def _probe(args: argparse.Namespace, secrets: dict[str, str]) -> dict[str, Any]:
     from gpufleet_extender.metrics_source import MetricsSourceError, PrometheusSource, exporter_matchers
 
-    node_labels = tuple(label for value in args.node_label for label in value.split(",") if label) or (
-        "Hostname",
-        "hostname",
-    )
+    node_labels = node_labels_of(args)
     with tempfile.TemporaryDirectory(prefix="gpufleet-probe-") as directory:
         files: dict[str, Path] = {}
         for key in secrets:
