@@ -40,15 +40,19 @@ type Sample struct {
 
 type deviceKey struct{ node, gpu, instance string }
 
+// noSample marks a metric no sample of the device gave.
+const noSample = -1
+
+// deviceAcc is one device while a fold groups samples: the index of the sample giving each metric (the last one
+// in the samples' order, noSample for none), the pods dcgm-exporter maps to it.
 type deviceAcc struct {
 	gpu, profile                      string
-	utilPercent, grActive, used, free *float64 // nil: no sample; else into values
-	values                            [4]float64
+	utilPercent, grActive, used, free int32
 	// pods dcgm-exporter maps to the device, each once (a few at most: a list is cheaper than a set); podLabel
 	// false: no series of the device had a pod label.
 	pods        []podKey
 	podLabel    bool
-	countedPods *int // pods a recorded sample counted (Sample.Pods)
+	countedPods int // pods a recorded sample counted (Sample.Pods); -1: none did
 }
 
 // podOf is the pod a series is attributed to (no name for none), ok false when the series has no pod label.
@@ -83,14 +87,13 @@ func nodeNameOf(labels map[string]string, nodeLabels []string) string {
 
 // buildSnapshot folds samples into a Snapshot. Every sample is dated defaultTime (a Prometheus instant query's
 // values carry the evaluation time, not the scrape's); nodeSampleTimes overrides it per node.
+//
+// The fold is two steps: layoutNodes reads the samples' names and labels (which devices they make, each one's
+// resource, pods and place, and which sample gives it each metric), NodeLayout.Node reads their values. The push
+// form keeps a node's layout while its series stay the same and runs only the second step when new samples come.
 func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, nodeSampleTimes map[string]float64, version uint64) *Snapshot {
-	// Sized for dcgm-exporter's 3-4 series per device, the accumulators made in slabs: a fold allocates per
-	// snapshot, not per device (the push form folds a node every time its samples arrive).
-	hint := len(samples)/3 + 1
-	devices := make(map[deviceKey]*deviceAcc, hint)
-	order := make([]deviceKey, 0, hint) // insertion order: Python's dicts keep it, and node order follows from it
-	slab := make([]deviceAcc, 0, hint)
-	sampleTimes := map[string]float64{}
+	kept := make([]Sample, 0, len(samples))
+	values := make([]float64, 0, len(samples))
 	for _, s := range samples {
 		switch s.Name {
 		case metricGPUUtil, metricGREngineActive, metricFBUsed, metricFBFree:
@@ -100,6 +103,98 @@ func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 		if math.IsNaN(s.Value) || math.IsInf(s.Value, 0) {
 			continue
 		}
+		kept = append(kept, s)
+		values = append(values, s.Value)
+	}
+	snapshot := &Snapshot{Nodes: map[string]*NodeMetrics{}, Version: version}
+	for _, layout := range layoutNodes(kept, nodeLabels, map[string]string{}) {
+		sampleTime := defaultTime
+		if t, ok := nodeSampleTimes[layout.name]; ok {
+			sampleTime = t
+		}
+		metrics := layout.Node(values, sampleTime)
+		snapshot.Nodes[layout.name] = metrics
+		snapshot.Order = append(snapshot.Order, layout.name)
+		if metrics.SampleTime > snapshot.NewestSample || snapshot.NewestSample == 0 {
+			snapshot.NewestSample = metrics.SampleTime
+		}
+	}
+	return snapshot
+}
+
+// FoldsAsLaidOut says whether a sample of the named dcgm metric with this value takes no part in screening: finite
+// and in its metric's range. A node whose samples all do folds as its layout says (NodeLayout.Node).
+func FoldsAsLaidOut(name string, value float64) bool {
+	limits, ok := validRange[name]
+	return ok && limits[0] <= value && value <= limits[1] && !math.IsInf(value, 0)
+}
+
+// NodeLayout is what a node's samples make without their values: its resources in the source's order, and each
+// resource's devices sorted by key, each with the index of the sample giving its util and memory.
+type NodeLayout struct {
+	name      string
+	resources []string
+	ends      []int // devices[ends[i-1]:ends[i]] are resources[i]'s
+	devices   []deviceSlot
+}
+
+type deviceSlot struct {
+	key              string
+	util, used, free int32 // sample indices; used and free noSample when the device has no memory
+	utilPercent      bool  // util is DCGM_FI_DEV_GPU_UTIL, in percent
+	pods             int
+	hasPods          bool
+}
+
+// Name is the node's name.
+func (l *NodeLayout) Name() string { return l.name }
+
+// Node is the node's NodeMetrics with values[i] the value of the i-th sample the layout was made of, every one
+// finite (buildSnapshot leaves the others out before the layout; the push form folds a node with any other value
+// the whole way).
+func (l *NodeLayout) Node(values []float64, sampleTime float64) *NodeMetrics {
+	devices := make([]Device, len(l.devices))
+	for i, slot := range l.devices {
+		util := values[slot.util]
+		if slot.utilPercent {
+			util /= 100.0
+		}
+		device := Device{Key: slot.key, Util: clamp01(util), Pods: slot.pods, HasPods: slot.hasPods}
+		if slot.used != noSample {
+			if used, free := values[slot.used], values[slot.free]; used+free > 0 {
+				device.Mem, device.HasMem = clamp01(used/(used+free)), true
+			}
+		}
+		devices[i] = device
+	}
+	metrics := &NodeMetrics{Name: l.name, SampleTime: sampleTime, Devices: make(map[string][]Device, len(l.resources)), Resources: l.resources}
+	begin := 0
+	for i, resource := range l.resources {
+		metrics.Devices[resource] = devices[begin:l.ends[i]:l.ends[i]]
+		begin = l.ends[i]
+	}
+	return metrics
+}
+
+// LayoutOfNode is the layout of one node's samples (all of them the node's, named as the dcgm metrics a decision
+// reads), nil when they make no device; resource names are shared through intern.
+func LayoutOfNode(samples []Sample, nodeLabels []string, intern map[string]string) *NodeLayout {
+	if layouts := layoutNodes(samples, nodeLabels, intern); len(layouts) > 0 {
+		return layouts[0]
+	}
+	return nil
+}
+
+// layoutNodes groups samples (the dcgm metrics, finite values) into devices and nodes, in the samples' order:
+// nodes in the order of their first device (Python's dict order, which the extender's build_snapshot follows).
+func layoutNodes(samples []Sample, nodeLabels []string, intern map[string]string) []*NodeLayout {
+	// Sized for dcgm-exporter's 3-4 series per device, the accumulators made in slabs: a fold allocates per
+	// snapshot, not per device.
+	hint := len(samples)/3 + 1
+	devices := make(map[deviceKey]*deviceAcc, hint)
+	order := make([]deviceKey, 0, hint)
+	slab := make([]deviceAcc, 0, hint)
+	for i, s := range samples {
 		node := nodeNameOf(s.Labels, nodeLabels)
 		if node == "" {
 			continue
@@ -119,14 +214,13 @@ func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 			if len(slab) == cap(slab) {
 				slab = make([]deviceAcc, 0, hint)
 			}
-			slab = append(slab, deviceAcc{gpu: gpu, profile: profile})
+			slab = append(slab, deviceAcc{gpu: gpu, profile: profile, utilPercent: noSample, grActive: noSample, used: noSample, free: noSample, countedPods: -1})
 			acc = &slab[len(slab)-1]
 			devices[key] = acc
 			order = append(order, key)
 		}
 		if s.HasPods {
-			pods := s.Pods
-			acc.countedPods = &pods
+			acc.countedPods = s.Pods
 		}
 		if pod, ok := podOf(s.Labels); ok { // time-slicing: one series per pod sharing the device
 			acc.podLabel = true
@@ -134,23 +228,15 @@ func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 				acc.pods = append(acc.pods, pod)
 			}
 		}
-		// The newest value of each metric, held in the accumulator itself (no allocation per sample).
-		switch s.Name {
+		switch s.Name { // the last sample of each metric gives its value
 		case metricGPUUtil:
-			acc.values[0] = s.Value
-			acc.utilPercent = &acc.values[0]
+			acc.utilPercent = int32(i)
 		case metricGREngineActive:
-			acc.values[1] = s.Value
-			acc.grActive = &acc.values[1]
+			acc.grActive = int32(i)
 		case metricFBUsed:
-			acc.values[2] = s.Value
-			acc.used = &acc.values[2]
+			acc.used = int32(i)
 		default:
-			acc.values[3] = s.Value
-			acc.free = &acc.values[3]
-		}
-		if t, ok := sampleTimes[node]; !ok || defaultTime > t {
-			sampleTimes[node] = defaultTime
+			acc.free = int32(i)
 		}
 	}
 
@@ -160,72 +246,71 @@ func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 			split[[2]string{key.node, devices[key].gpu}] = true
 		}
 	}
-	snapshot := &Snapshot{Nodes: map[string]*NodeMetrics{}, Version: version}
-	// One string per resource name for the whole snapshot: Filter and Score compare the pod's resource with each
-	// node's, and bytes shared by every node stay in the CPU's cache where a copy per node would not.
-	migResources := map[string]string{}
+	// One string per resource name: Filter and Score compare the pod's resource with each node's, and bytes
+	// shared by every node stay in the CPU's cache where a copy per node would not.
+	internName := func(name string) string {
+		if shared, ok := intern[name]; ok {
+			return shared
+		}
+		intern[name] = name
+		return name
+	}
+	type building struct {
+		layout *NodeLayout
+		slots  map[string][]deviceSlot
+	}
+	nodes := map[string]*building{}
+	var nodeOrder []*building
 	for _, key := range order {
 		acc := devices[key]
-		var resource, deviceName string
-		var util *float64
+		var resource string
+		slot := deviceSlot{util: acc.grActive, used: noSample, free: noSample}
 		if key.instance != "" {
 			if acc.profile != "" {
-				if resource = migResources[acc.profile]; resource == "" {
-					resource = MIGResourcePrefix + acc.profile
-					migResources[acc.profile] = resource
-				}
+				resource = internName(MIGResourcePrefix + acc.profile)
 			}
-			util = acc.grActive
-			deviceName = key.gpu + "/" + key.instance
+			slot.key = key.gpu + "/" + key.instance
 		} else {
 			if !split[[2]string{key.node, acc.gpu}] {
-				resource = WholeGPUResource
+				resource = internName(WholeGPUResource)
 			}
-			util = acc.grActive
-			if acc.utilPercent != nil {
-				percent := *acc.utilPercent / 100.0
-				util = &percent
+			if acc.utilPercent != noSample {
+				slot.util, slot.utilPercent = acc.utilPercent, true
 			}
-			deviceName = key.gpu
+			slot.key = key.gpu
 		}
-		if resource == "" || util == nil {
+		if resource == "" || slot.util == noSample {
 			continue
 		}
-		device := Device{Key: deviceName, Util: clamp01(*util)}
-		if acc.used != nil && acc.free != nil && *acc.used+*acc.free > 0 {
-			device.Mem, device.HasMem = clamp01(*acc.used/(*acc.used+*acc.free)), true
+		if acc.used != noSample && acc.free != noSample {
+			slot.used, slot.free = acc.used, acc.free
 		}
 		if acc.podLabel {
-			device.Pods, device.HasPods = len(acc.pods), true
-		} else if acc.countedPods != nil {
-			device.Pods, device.HasPods = *acc.countedPods, true
+			slot.pods, slot.hasPods = len(acc.pods), true
+		} else if acc.countedPods >= 0 {
+			slot.pods, slot.hasPods = acc.countedPods, true
 		}
-		metrics := snapshot.Nodes[key.node]
-		if metrics == nil {
-			metrics = &NodeMetrics{Name: key.node, Devices: map[string][]Device{}}
-			snapshot.Nodes[key.node] = metrics
-			snapshot.Order = append(snapshot.Order, key.node)
+		node := nodes[key.node]
+		if node == nil {
+			node = &building{layout: &NodeLayout{name: key.node}, slots: map[string][]deviceSlot{}}
+			nodes[key.node] = node
+			nodeOrder = append(nodeOrder, node)
 		}
-		if _, seen := metrics.Devices[resource]; !seen {
-			metrics.Resources = append(metrics.Resources, resource)
+		if _, seen := node.slots[resource]; !seen {
+			node.layout.resources = append(node.layout.resources, resource)
 		}
-		metrics.Devices[resource] = append(metrics.Devices[resource], device)
+		node.slots[resource] = append(node.slots[resource], slot)
 	}
-	for _, name := range snapshot.Order {
-		metrics := snapshot.Nodes[name]
-		metrics.SampleTime = defaultTime
-		if t, ok := sampleTimes[name]; ok {
-			metrics.SampleTime = t
+	layouts := make([]*NodeLayout, len(nodeOrder))
+	for i, node := range nodeOrder {
+		layout := node.layout
+		for _, resource := range layout.resources {
+			list := node.slots[resource]
+			sort.SliceStable(list, func(i, j int) bool { return list[i].key < list[j].key })
+			layout.devices = append(layout.devices, list...)
+			layout.ends = append(layout.ends, len(layout.devices))
 		}
-		if t, ok := nodeSampleTimes[name]; ok {
-			metrics.SampleTime = t
-		}
-		for _, list := range metrics.Devices {
-			sort.SliceStable(list, func(i, j int) bool { return list[i].Key < list[j].Key })
-		}
-		if metrics.SampleTime > snapshot.NewestSample || snapshot.NewestSample == 0 {
-			snapshot.NewestSample = metrics.SampleTime
-		}
+		layouts[i] = layout
 	}
-	return snapshot
+	return layouts
 }

@@ -5,7 +5,9 @@ package remotewrite
 // stale marker removes the series, and a series without a sample for seriesExpiry is dropped as Prometheus' own
 // lookback drops it from an instant query. Sources (one per Refresher) build snapshots from it: a node is rebuilt
 // only when a sample of it arrived since that Source's last snapshot, through the same fold and screening as the
-// pull form's (gpuscore.NodeFromSamples, gpuscore.SnapshotOfNodes).
+// pull form's (gpuscore.NodeFromSamples, gpuscore.SnapshotOfNodes). A node's layout (its devices, which series
+// gives each its values: gpuscore.LayoutOfNode) is kept while its series stay the same, so that new samples cost
+// only their values' fold.
 
 import (
 	"context"
@@ -32,6 +34,8 @@ type Store struct {
 	order []*nodeState // nodes in the order their first sample came
 	gen   uint64       // bumped by each change
 	key   []byte       // scratch: a series' key
+	// intern shares resource names between the nodes' layouts (gpuscore.LayoutOfNode).
+	intern map[string]string
 
 	firstSample     chan struct{} // closed when the first sample is kept
 	firstSampleOnce sync.Once
@@ -43,6 +47,10 @@ type nodeState struct {
 	list    []*seriesState          // the same in the order they came (removed ones until the next build)
 	newest  int64                   // the newest sample's timestamp, milliseconds
 	changed uint64                  // Store.gen of the last change
+	// layout is the fold of list's series without their values, made when shape was layoutShape; shape counts
+	// the series added to the node and removed from it.
+	layout             *gpuscore.NodeLayout
+	shape, layoutShape uint64
 }
 
 type seriesState struct {
@@ -66,6 +74,7 @@ func NewStore(nodeLabels []string, job, namespace string, maxSkew float64) *Stor
 		maxSkew:     maxSkew,
 		now:         func() float64 { return float64(time.Now().UnixNano()) / 1e9 },
 		nodes:       map[string]*nodeState{},
+		intern:      map[string]string{},
 		firstSample: make(chan struct{}),
 	}
 }
@@ -113,6 +122,7 @@ func (st *Store) apply(d *decoded) applied {
 					delete(node.series, held.key)
 					held.removed, held = true, nil
 					node.changed = gen
+					node.shape++
 					result.removed++
 				}
 				return
@@ -126,6 +136,7 @@ func (st *Store) apply(d *decoded) applied {
 				held = &seriesState{sample: gpuscore.Sample{Name: st.filter.metrics[s.metric], Labels: d.labels(s, &st.filter)}, key: string(key)}
 				node.series[held.key] = held
 				node.list = append(node.list, held)
+				node.shape++
 			}
 			held.sample.Value, held.timestamp = value, timestamp
 			node.newest = max(node.newest, timestamp)
@@ -176,6 +187,7 @@ type Source struct {
 	built      map[string]builtNode
 	futureLeft bool // the last snapshot left a node out as dated ahead: the next one judges it again
 	samples    []gpuscore.Sample
+	values     []float64
 }
 
 type builtNode struct {
@@ -231,26 +243,41 @@ func (src *Source) Fetch(_ context.Context, version uint64) (*gpuscore.Snapshot,
 }
 
 // build folds node's series into its NodeMetrics, those without a sample since cutoff (milliseconds) dropped; called
-// with the Store locked.
+// with the Store locked. With every value finite and in its metric's range (a healthy exporter's), the node's
+// layout folds the values; else the whole fold runs, which leaves out what it screens.
 func (src *Source) build(node *nodeState, cutoff int64) *gpuscore.NodeMetrics {
-	samples, list := src.samples[:0], node.list[:0]
+	samples, values, list := src.samples[:0], src.values[:0], node.list[:0]
+	screened := true
 	for _, held := range node.list {
 		if held.timestamp < cutoff && !held.removed {
 			delete(node.series, held.key) // as Prometheus' lookback forgets it
 			held.removed = true
+			node.shape++
 		}
 		if !held.removed {
 			samples = append(samples, held.sample)
+			values = append(values, held.sample.Value)
 			list = append(list, held)
+			screened = screened && gpuscore.FoldsAsLaidOut(held.sample.Name, held.sample.Value)
 		}
 	}
 	clear(node.list[len(list):])
 	node.list = list
-	src.samples = samples[:0]
+	src.samples, src.values = samples[:0], values[:0]
 	if len(samples) == 0 {
 		return nil
 	}
-	return gpuscore.NodeFromSamples(samples, node.name, float64(node.newest)/1000, src.store.nodeLabels)
+	sampleTime := float64(node.newest) / 1000
+	if !screened {
+		return gpuscore.NodeFromSamples(samples, node.name, sampleTime, src.store.nodeLabels)
+	}
+	if node.layout == nil || node.layoutShape != node.shape {
+		node.layout, node.layoutShape = gpuscore.LayoutOfNode(samples, src.store.nodeLabels, src.store.intern), node.shape
+	}
+	if node.layout == nil {
+		return nil
+	}
+	return node.layout.Node(values, sampleTime)
 }
 
 // expires says whether a node's newest sample is older than cutoff (milliseconds).
