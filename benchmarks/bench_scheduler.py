@@ -7,7 +7,7 @@ read one real Prometheus (Debian's package) scraping a fleet's dcgm-exporter ser
 spellings), with every tenth node hot (every instance at 0.95, above the 0.8 threshold).
 
     python3 benchmarks/bench_scheduler.py [--nodes 1000] [--pods 1000] [--modes bare,extender,plugin,bare]
-        [--metrics pull|push]
+        [--metrics pull|push] [--sender prometheus|rw-sender]
     make bench-scheduler [NODES=1000] [PODS=1000]
 
 One control plane (etcd, kube-apiserver from KUBE_ASSETS, default build/k8s/bin: `make k8s-assets`) holds N nodes,
@@ -22,6 +22,11 @@ after, the default).
 
 With --metrics push, Prometheus evaluates no rule and answers no query: it sends the extender's and GPUScore's
 receivers the four dcgm series as it scrapes them (the entries `gpufleet-extender remote-write-config` writes).
+With --sender rw-sender, where a real Prometheus cannot scrape the fleet beside the control plane (5,000 nodes on a
+small machine), `gpufleet-rw-sender` (k8s/cmd, built here with `go build`) stands in for it: one per receiver, it
+sends the same exporter text every scrape interval, with the scrape's target labels and filtered as those entries
+filter it, over the same protocol and at the same pace. Prometheus' own part is measured apart
+(benchmarks/bench_metrics_refresh.py).
 
 Each mode prints the pods it bound to hot nodes. A load-aware mode that binds any there placed without its metrics
 (or ignored them): it is reported as BLIND, and no throughput ratio is printed for it. Its blindness signal
@@ -40,7 +45,9 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +56,7 @@ from pathlib import Path
 import httpx
 import yaml
 from gpufleet_extender.metrics_source import exporter_matchers, recording_rules
-from gpufleet_extender.push_config import PushTarget, remote_write
+from gpufleet_extender.push_config import PushTarget, kept_labels, remote_write
 from gpufleet_testsupport.controlplane import ControlPlane, ControlPlaneError, assets_dir, missing_assets
 from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, LAYOUTS, FleetPrometheus, make_fleet
 from gpufleet_testsupport.extender import start_extender
@@ -185,6 +192,44 @@ def cpu_per_pod(before: dict[str, float], after: dict[str, float], pods: int) ->
     return ", ".join(f"{command} {1000 * seconds / max(pods, 1):.1f}" for seconds, command in top)
 
 
+SCRAPE_INTERVAL = 10  # seconds: the benchmark's Prometheus (the roles: 15 s), and the stand-in sender's pace
+
+
+def start_senders(fleet, workdir: Path, push: dict[str, str]) -> list[subprocess.Popen]:
+    """One gpufleet-rw-sender per receiver (the extender's, GPUScore's), sending `fleet`'s exporter text every
+    SCRAPE_INTERVAL as Prometheus would with the roles' remote-write entries; built from k8s/cmd with go."""
+    go = shutil.which("go")
+    if go is None:
+        raise SystemExit("bench-scheduler: --sender rw-sender needs Go to build gpufleet-rw-sender (k8s/cmd)")
+    binary = workdir / "gpufleet-rw-sender"
+    subprocess.run([go, "build", "-o", str(binary), "./cmd/gpufleet-rw-sender"], cwd=REPO / "k8s", check=True)
+    shards = []
+    for k, text in enumerate(fleet.shards):  # one scrape target per shard, as FleetPrometheus scrapes them
+        shard = workdir / f"exposition-{k}.txt"
+        shard.write_bytes(text)
+        shards.append(str(shard))
+    senders = []
+    for who in ("extender", "plugin"):
+        log = (workdir / f"rw-sender-{who}.log").open("w")
+        senders.append(
+            subprocess.Popen(
+                [
+                    str(binary),
+                    f"-url=http://{push[who]}/api/v1/write",
+                    f"-token-file={push['token']}",
+                    f"-exposition={','.join(shards)}",
+                    f"-keep-labels={','.join(kept_labels(('Hostname', 'hostname')))}",
+                    "-job=dcgm-exporter",
+                    f"-namespace={EXPORTER_NAMESPACE}",
+                    f"-interval={SCRAPE_INTERVAL}s",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    return senders
+
+
 def run_mode(
     plane, core, mode: str, run: int, args, workdir: Path, urls: dict, hot: set[str]
 ) -> tuple[float, int] | None:
@@ -262,7 +307,15 @@ def main() -> int:
         default="pull",
         help="how both paths get the load: queried from Prometheus (pull) or sent by its remote write (push)",
     )
+    parser.add_argument(
+        "--sender",
+        choices=("prometheus", "rw-sender"),
+        default="prometheus",
+        help="with --metrics push: a real Prometheus scraping the fleet, or gpufleet-rw-sender standing in for it",
+    )
     args = parser.parse_args()
+    if args.sender == "rw-sender" and args.metrics != "push":
+        parser.error("--sender rw-sender sends pushed metrics: give --metrics push")
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
         parser.error(f"unknown modes: {', '.join(sorted(unknown))}")
@@ -274,7 +327,8 @@ def main() -> int:
     if "plugin" in modes and missing_assets(("gpufleet-scheduler",)):
         print(f"bench-scheduler: no gpufleet-scheduler in {assets_dir()}: the plugin mode is left out.")
         modes = [m for m in modes if m != "plugin"]
-    if {"extender", "plugin"} & set(modes) and not Path("/usr/bin/prometheus").exists():
+    stand_in = args.sender == "rw-sender"
+    if {"extender", "plugin"} & set(modes) and not stand_in and not Path("/usr/bin/prometheus").exists():
         print("bench-scheduler: no Prometheus (Debian package 'prometheus'): the load-aware modes are left out.")
         modes = [m for m in modes if m == "bare"]
 
@@ -313,12 +367,18 @@ def main() -> int:
             entries = remote_write(targets, ("Hostname", "hostname"), "dcgm-exporter", EXPORTER_NAMESPACE)
         pulled = args.metrics == "pull" and args.prometheus_query == "recorded"
         scraping = (
-            FleetPrometheus(fleet, workdir, interval=10, rules=rules if pulled else None, remote_write=entries)
-            if set(modes) - {"bare"}
-            else contextlib.nullcontext()
+            FleetPrometheus(
+                fleet, workdir, interval=SCRAPE_INTERVAL, rules=rules if pulled else None, remote_write=entries
+            )
+            if set(modes) - {"bare"} and not stand_in
+            else contextlib.nullcontext("http://127.0.0.1:1")  # the stand-in sender: no Prometheus to query
         )
+        senders: list[subprocess.Popen] = []
         with scraping as prometheus_url:
             urls["prometheus"] = prometheus_url
+            if stand_in and set(modes) - {"bare"}:
+                senders = start_senders(fleet, workdir, urls["push"])  # type: ignore[arg-type]
+                print(f"  gpufleet-rw-sender x {len(senders)} sending every {SCRAPE_INTERVAL} s (logs in {workdir})")
             try:
                 if "extender" in modes:
                     env = {
@@ -352,6 +412,8 @@ def main() -> int:
             finally:
                 if extender:
                     stop_process(extender)
+                for sender in senders:
+                    stop_process(sender)
     bare = statistics.mean(rates["bare"]) if rates.get("bare") else 0.0
     for mode in ("extender", "plugin"):
         if mode not in rates:

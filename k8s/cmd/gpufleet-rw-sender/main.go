@@ -3,9 +3,12 @@
 // set as a Prometheus Operator scrape labels it, only the series a decision reads, as write_relabel_configs keep
 // them), stamped with the interval's start, in requests of at most -max-samples-per-send series, spread evenly over
 // the interval across -shards connections as Prometheus' queue does. Each interval it prints what it sent and what
-// the receiver answered.
+// the receiver answered. With -exposition it sends a fleet's dcgm-exporter text instead (each file one scrape
+// target's answer, as Prometheus would scrape, relabel and send it: -keep-labels are the labels the roles'
+// write_relabel_configs keep), the same values every interval.
 //
 //	gpufleet-rw-sender -url http://127.0.0.1:9402/api/v1/write -token-file token -nodes 5000 -intervals 4
+//	gpufleet-rw-sender -url ... -token-file token -exposition shard-0.txt,shard-1.txt -keep-labels __name__,Hostname,...
 package main
 
 import (
@@ -22,6 +25,7 @@ import (
 	"time"
 
 	"github.com/gpufleet/mig/k8s/gpumetrics/remotewrite/rwbench"
+	"github.com/gpufleet/mig/k8s/gpuscore"
 )
 
 func main() {
@@ -38,15 +42,35 @@ func main() {
 	perSend := flag.Int("max-samples-per-send", 2000, "series per request at most (Prometheus' queue_config)")
 	shards := flag.Int("shards", 4, "requests in flight at once (Prometheus' queue shards)")
 	intervals := flag.Int("intervals", 0, "intervals to send (0: until stopped)")
+	exposition := flag.String("exposition", "", "comma-separated dcgm-exporter text files, one per scrape target, sent instead of -nodes x -gpus x -instances")
+	keepLabels := flag.String("keep-labels", "", "with -exposition: comma-separated labels kept (write_relabel_configs' labelkeep); empty: all")
 	flag.Parse()
-	if err := run(*url, *tokenFile, *caFile, rwbench.Fleet{Nodes: *nodes, GPUs: *gpus, Instances: *instances,
-		Profile: *profile, Job: *job, Namespace: *namespace}, *interval, *perSend, *shards, *intervals); err != nil {
+	var traffic Traffic = rwbench.Fleet{Nodes: *nodes, GPUs: *gpus, Instances: *instances, Profile: *profile, Job: *job, Namespace: *namespace}
+	if *exposition != "" {
+		var keep []string
+		if *keepLabels != "" {
+			keep = strings.Split(*keepLabels, ",")
+		}
+		read, err := rwbench.ReadExposition(strings.Split(*exposition, ","), *job, *namespace, gpuscore.DCGMMetrics(), keep)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "gpufleet-rw-sender: -exposition:", err)
+			os.Exit(1)
+		}
+		traffic = read
+	}
+	if err := run(*url, *tokenFile, *caFile, traffic, *interval, *perSend, *shards, *intervals); err != nil {
 		fmt.Fprintln(os.Stderr, "gpufleet-rw-sender:", err)
 		os.Exit(1)
 	}
 }
 
-func run(url, tokenFile, caFile string, fleet rwbench.Fleet, interval time.Duration, perSend, shards, intervals int) error {
+// Traffic is what an interval sends: a synthetic fleet (rwbench.Fleet) or exporter text (rwbench.Exposition).
+type Traffic interface {
+	Requests(ms int64, interval, perSend int) [][]byte
+	SeriesPerInterval() int
+}
+
+func run(url, tokenFile, caFile string, traffic Traffic, interval time.Duration, perSend, shards, intervals int) error {
 	if tokenFile == "" {
 		return fmt.Errorf("-token-file is required (the receiver refuses a sender without its token)")
 	}
@@ -55,8 +79,11 @@ func run(url, tokenFile, caFile string, fleet rwbench.Fleet, interval time.Durat
 		return fmt.Errorf("-token-file: %v", err)
 	}
 	token := strings.TrimSpace(string(raw))
-	if fleet.Nodes < 1 || fleet.GPUs < 1 || fleet.Instances < 1 || perSend < 1 || shards < 1 || interval <= 0 {
-		return fmt.Errorf("-nodes, -gpus, -instances, -max-samples-per-send, -shards and -interval must be positive")
+	if fleet, ok := traffic.(rwbench.Fleet); ok && (fleet.Nodes < 1 || fleet.GPUs < 1 || fleet.Instances < 1) {
+		return fmt.Errorf("-nodes, -gpus and -instances must be positive")
+	}
+	if traffic.SeriesPerInterval() < 1 || perSend < 1 || shards < 1 || interval <= 0 {
+		return fmt.Errorf("nothing to send, or -max-samples-per-send, -shards or -interval not positive")
 	}
 	client := &http.Client{Timeout: 30 * time.Second}
 	if caFile != "" {
@@ -72,11 +99,14 @@ func run(url, tokenFile, caFile string, fleet rwbench.Fleet, interval time.Durat
 	} else {
 		client.Transport = &http.Transport{MaxIdleConnsPerHost: shards}
 	}
-	fmt.Printf("%d nodes x %d GPUs x %d instances: %d samples every %v to %s, %d per request, %d shards\n",
-		fleet.Nodes, fleet.GPUs, fleet.Instances, fleet.SeriesPerInterval(), interval, url, perSend, shards)
+	what := "the exposition's series"
+	if fleet, ok := traffic.(rwbench.Fleet); ok {
+		what = fmt.Sprintf("%d nodes x %d GPUs x %d instances", fleet.Nodes, fleet.GPUs, fleet.Instances)
+	}
+	fmt.Printf("%s: %d samples every %v to %s, %d per request, %d shards\n", what, traffic.SeriesPerInterval(), interval, url, perSend, shards)
 	next := time.Now()
 	for i := 0; intervals == 0 || i < intervals; i++ {
-		bodies := fleet.Requests(next.UnixMilli(), i, perSend) // stamped with the interval's start, as a scrape
+		bodies := traffic.Requests(next.UnixMilli(), i, perSend) // stamped with the interval's start, as a scrape
 		stats := send(client, url, token, bodies, next, interval, shards)
 		fmt.Printf("interval %d: %d requests, %d answered 2xx, %s; request latency p50 %v, max %v; %v behind the pace at the end\n",
 			i, len(bodies), stats.ok, stats.refusals(), stats.percentile(0.5), stats.percentile(1), stats.behind.Round(time.Millisecond))
