@@ -60,6 +60,11 @@ class Fleet:
     def series(self) -> int:
         return sum(shard.count(b"\n") - shard.count(b"# ") for shard in self.shards)
 
+    def series_of(self, metrics: tuple[str, ...] | list[str]) -> int:
+        """How many of the fleet's series are of these metrics."""
+        names = tuple(f"\n{m}{{".encode() for m in metrics)
+        return sum((b"\n" + shard).count(name) for shard in self.shards for name in names)
+
     @property
     def devices(self) -> int:
         """Whole GPUs and MIG instances: the series each recording rule writes per device."""
