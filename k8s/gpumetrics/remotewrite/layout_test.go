@@ -47,6 +47,9 @@ func TestALaidOutNodeFoldsAsTheWholeFold(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if held := heldSeries(h.store); held != h.store.held {
+				t.Fatalf("seed %d step %d: the Store counts %d series, holds %d", seed, step, h.store.held, held)
+			}
 			if got == nil {
 				continue
 			}
@@ -74,6 +77,16 @@ func wholeFold(h *harness, version uint64) *gpuscore.Snapshot {
 		}
 	}
 	return gpuscore.SnapshotOfNodes(nodes, h.now, 5, version)
+}
+
+func heldSeries(st *Store) int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	held := 0
+	for _, node := range st.nodes {
+		held += len(node.series)
+	}
+	return held
 }
 
 func describe(s *gpuscore.Snapshot) string {
@@ -137,4 +150,39 @@ func randomValue(random *rand.Rand, metric string) float64 {
 		return random.Float64()
 	}
 	return float64(random.IntN(3)) * 1000 * random.Float64()
+}
+
+// A sender that lets through more series than a fleet has cannot grow the Store without bound: beyond its most,
+// new series are not kept and are counted, the series held keep taking samples, and a series that ends (a stale
+// marker) makes room for a new one.
+func TestTheStoreHoldsAtMostMaxSeries(t *testing.T) {
+	h := newHarness(t)
+	h.store.maxSeries = 6 // two devices' three series
+	over := counter(t, seriesOverLimit)
+	first := [][]TimeSeries{deviceSeries("node-a", 0, 1, 0.25, 100, 300, t0), deviceSeries("node-a", 0, 2, 0.5, 100, 100, t0)}
+	if status := h.post(body(first...), nil); status != 204 {
+		t.Fatalf("status %d", status)
+	}
+	third := deviceSeries("node-b", 1, 1, 0.9, 100, 100, t0+1000)
+	if status := h.post(body(third, deviceSeries("node-a", 0, 1, 0.75, 100, 300, t0+1000)), nil); status != 204 {
+		t.Fatalf("status %d", status)
+	}
+	if got := counter(t, seriesOverLimit) - over; got != 3 {
+		t.Errorf("%g samples over the limit, want node-b's 3", got)
+	}
+	s := h.snapshot()
+	if _, ok := s.Nodes["node-b"]; ok || s.Nodes["node-a"].Devices["nvidia.com/mig-2g.20gb"][0].Util != 0.75 {
+		t.Fatalf("over the limit: %s", describe(s))
+	}
+	stale := deviceSeries("node-a", 0, 2, 0, 0, 0, t0+2000)
+	for i := range stale {
+		stale[i].Samples[0].Value = math.Float64frombits(staleNaN)
+	}
+	if status := h.post(body(stale, deviceSeries("node-b", 1, 1, 0.9, 100, 100, t0+3000)), nil); status != 204 {
+		t.Fatalf("status %d", status)
+	}
+	s = h.snapshot()
+	if node := s.Nodes["node-b"]; node == nil || node.Devices["nvidia.com/mig-2g.20gb"][0].Util != 0.9 || h.store.held != 6 {
+		t.Fatalf("after a device ended, %d series held: %s", h.store.held, describe(s))
+	}
 }

@@ -89,13 +89,20 @@ var (
 		Help:           "Pushed series a decision does not read (another metric, job or namespace, or no node name label), dropped; many mean Prometheus' write_relabel_configs send more than needed.",
 		StabilityLevel: metrics.ALPHA,
 	})
+	seriesOverLimit = metrics.NewCounter(&metrics.CounterOpts{
+		Namespace:      "gpufleet",
+		Subsystem:      "gpuscore",
+		Name:           "remote_write_series_over_limit_total",
+		Help:           "Samples of new pushed series not kept because the receiver holds its most series already (remotewrite.MaxSeries): Prometheus' write_relabel_configs let through more than the dcgm series a decision reads.",
+		StabilityLevel: metrics.ALPHA,
+	})
 	registerMetrics sync.Once
 )
 
 // RegisterMetrics adds the receiver's metrics to the scheduler's /metrics (once per process).
 func RegisterMetrics() {
 	registerMetrics.Do(func() {
-		legacyregistry.MustRegister(refused, samplesAccepted, samplesOutOfOrder, seriesIgnored)
+		legacyregistry.MustRegister(refused, samplesAccepted, samplesOutOfOrder, seriesIgnored, seriesOverLimit)
 	})
 }
 
@@ -193,6 +200,11 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	if request.ignored > 0 {
 		seriesIgnored.Add(float64(request.ignored))
+	}
+	if result.overLimit > 0 {
+		seriesOverLimit.Add(float64(result.overLimit))
+		r.logs.warn("series_limit", fmt.Sprintf("a write from %s: %d samples of new series not kept: the receiver holds %d series, its most "+
+			"(check Prometheus' write_relabel_configs: only the dcgm series a decision reads, with the labels it reads)", req.RemoteAddr, result.overLimit, MaxSeries))
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -22,6 +22,12 @@ import (
 // instant query stops returning a series this long after its last sample).
 const seriesExpiry = 5 * time.Minute
 
+// MaxSeries is how many series a Store holds at most: 2.5 times a fleet of 5,000 nodes x 8 GPUs x 7 MIG instances
+// x 4 metrics, so that a sender whose relabelling lets through what it should not (a label that changes with
+// every scrape) cannot grow the scheduler's memory without bound. A new series beyond it is not kept and is
+// counted (remote_write_series_over_limit_total); the series already held keep their samples.
+const MaxSeries = 2_800_000
+
 // Store holds the newest sample of every kept series. Safe for concurrent use.
 type Store struct {
 	mu         sync.Mutex
@@ -30,10 +36,12 @@ type Store struct {
 	maxSkew    float64
 	now        func() float64 // unix seconds; the wall clock outside tests
 
-	nodes map[string]*nodeState
-	order []*nodeState // nodes in the order their first sample came
-	gen   uint64       // bumped by each change
-	key   []byte       // scratch: a series' key
+	nodes     map[string]*nodeState
+	order     []*nodeState // nodes in the order their first sample came
+	held      int          // series held, every node's
+	maxSeries int
+	gen       uint64 // bumped by each change
+	key       []byte // scratch: a series' key
 	// intern shares resource names between the nodes' layouts (gpuscore.LayoutOfNode).
 	intern map[string]string
 
@@ -75,6 +83,7 @@ func NewStore(nodeLabels []string, job, namespace string, maxSkew float64) *Stor
 		now:         func() float64 { return float64(time.Now().UnixNano()) / 1e9 },
 		nodes:       map[string]*nodeState{},
 		intern:      map[string]string{},
+		maxSeries:   MaxSeries,
 		firstSample: make(chan struct{}),
 	}
 }
@@ -90,7 +99,7 @@ func (st *Store) Nodes() int {
 }
 
 // applied is what one request did to the Store.
-type applied struct{ accepted, outOfOrder, removed int }
+type applied struct{ accepted, outOfOrder, removed, overLimit int }
 
 // apply writes a decoded request's samples into the Store.
 func (st *Store) apply(d *decoded) applied {
@@ -123,8 +132,13 @@ func (st *Store) apply(d *decoded) applied {
 					held.removed, held = true, nil
 					node.changed = gen
 					node.shape++
+					st.held--
 					result.removed++
 				}
+				return
+			}
+			if held == nil && st.held >= st.maxSeries {
+				result.overLimit++
 				return
 			}
 			if node == nil {
@@ -137,6 +151,7 @@ func (st *Store) apply(d *decoded) applied {
 				node.series[held.key] = held
 				node.list = append(node.list, held)
 				node.shape++
+				st.held++
 			}
 			held.sample.Value, held.timestamp = value, timestamp
 			node.newest = max(node.newest, timestamp)
@@ -253,6 +268,7 @@ func (src *Source) build(node *nodeState, cutoff int64) *gpuscore.NodeMetrics {
 			delete(node.series, held.key) // as Prometheus' lookback forgets it
 			held.removed = true
 			node.shape++
+			src.store.held--
 		}
 		if !held.removed {
 			samples = append(samples, held.sample)
@@ -297,6 +313,7 @@ func (st *Store) expire(cutoff int64) {
 	for _, node := range st.order {
 		if node.newest < cutoff || len(node.series) == 0 {
 			delete(st.nodes, node.name)
+			st.held -= len(node.series)
 			st.gen++
 			continue
 		}
