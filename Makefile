@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLLECTION_LINK := build/collections/ansible_collections/gpufleet/mig
 
-.PHONY: help varref venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-controller pytest-extender faults mutation bench-mig bench-mig-advice bench-extender bench-remote-write bench-scheduler lint typecheck sanity pytest pytest-lab integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
+.PHONY: help varref venv collection-link lab lab-reset test pytest-unit pytest-roles pytest-controller pytest-extender faults mutation bench-mig bench-mig-advice bench-extender bench-remote-write bench-scheduler bench-prometheus-push lint typecheck sanity pytest pytest-lab integration k8s-assets go-test molecule molecule-images images extender-image scheduler-image system-deps build ee clean
 
 help:
 	@echo "make lab   - run playbooks/site.yml on a simulated fleet: INVENTORY=<dir>, Hong Kong's by default"
@@ -239,11 +239,17 @@ bench-remote-write: venv
 	python extender/benchmarks/bench_remote_write.py --nodes $(RW_NODES)
 
 # The real kube-scheduler's pods/s without the extender, with it (KUBE_API on, as deployed) and with the GPUScore
-# plugin, side by side; minutes at the default size. NODES=5000 for the large fleet.
+# plugin, side by side; minutes at the default size. NODES=5000 for the large fleet; BENCH_ARGS for more, e.g.
+# "--metrics push" (Prometheus sends the load), "--metrics push --sender rw-sender" (a stand-in sender for 5,000).
 NODES ?= 1000
 PODS ?= 1000
+BENCH_ARGS ?=
 bench-scheduler: venv collection-link $(if $(filter $(CURDIR)/build/k8s/bin,$(KUBE_ASSETS)),k8s-assets)
-	python benchmarks/bench_scheduler.py --nodes $(NODES) --pods $(PODS)
+	python benchmarks/bench_scheduler.py --nodes $(NODES) --pods $(PODS) $(BENCH_ARGS)
+
+# Prometheus' own CPU while it scrapes a fleet and sends it to one or four receivers, against scraping alone.
+bench-prometheus-push: venv
+	python benchmarks/bench_prometheus_push.py --nodes $(RW_NODES)
 
 # --- the images the project builds ----------------------------------------------------------------------------
 # `make images` builds both with podman on this machine, no registry needed, tagged with the collection's version
