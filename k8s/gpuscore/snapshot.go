@@ -32,10 +32,6 @@ type Sample struct {
 	Name   string
 	Labels map[string]string
 	Value  float64
-	// Pods holding the device when the source counted them already (the recorded form, decodePacked) instead
-	// of one series per pod; HasPods false: counted from the pod labels.
-	Pods    int
-	HasPods bool
 }
 
 type deviceKey struct{ node, gpu, instance string }
@@ -46,9 +42,8 @@ type deviceAcc struct {
 	values                            [4]float64
 	// pods dcgm-exporter maps to the device, each once (a few at most: a list is cheaper than a set); podLabel
 	// false: no series of the device had a pod label.
-	pods        []podKey
-	podLabel    bool
-	countedPods *int // pods a recorded sample counted (Sample.Pods)
+	pods     []podKey
+	podLabel bool
 }
 
 // podOf is the pod a series is attributed to (no name for none), ok false when the series has no pod label.
@@ -124,10 +119,6 @@ func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 			devices[key] = acc
 			order = append(order, key)
 		}
-		if s.HasPods {
-			pods := s.Pods
-			acc.countedPods = &pods
-		}
 		if pod, ok := podOf(s.Labels); ok { // time-slicing: one series per pod sharing the device
 			acc.podLabel = true
 			if pod.name != "" && !slices.Contains(acc.pods, pod) {
@@ -197,8 +188,6 @@ func buildSnapshot(samples []Sample, nodeLabels []string, defaultTime float64, n
 		}
 		if acc.podLabel {
 			device.Pods, device.HasPods = len(acc.pods), true
-		} else if acc.countedPods != nil {
-			device.Pods, device.HasPods = *acc.countedPods, true
 		}
 		metrics := snapshot.Nodes[key.node]
 		if metrics == nil {

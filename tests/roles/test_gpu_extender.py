@@ -696,11 +696,9 @@ def test_the_http_opt_out_sends_the_token_but_pins_no_ca(tmp_path):
     assert "prometheus-token" in volumes and "prometheus-ca" not in volumes
 
 
-def test_the_extender_reads_the_recorded_form_unless_the_inventory_turns_the_rules_off(lab, tmp_path):
-    # gpufleet_metrics_recording_rules (true): the dcgm_exporter role delivers the rules, the extender reads them.
-    assert lab["ConfigMap"]["data"]["PROMETHEUS_QUERY"] == "recorded"
-    raw = render_extender(tmp_path, "inventories/hongkong+lab", {"gpufleet_metrics_recording_rules": False})
-    assert raw["ConfigMap"]["data"]["PROMETHEUS_QUERY"] == "raw"
+def test_the_extender_gets_no_query_form(lab):
+    # The raw dcgm series are the one form pulled (PROMETHEUS_QUERY is gone: the extender refuses it).
+    assert "PROMETHEUS_QUERY" not in lab["ConfigMap"]["data"]
 
 
 # --- the push form -------------------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ class Fleet:
 
     @property
     def devices(self) -> int:
-        """Whole GPUs and MIG instances: the series each recording rule writes per device."""
+        """Whole GPUs and MIG instances: the devices a decision weighs."""
         return sum(sum(len(p) if p else 1 for p in LAYOUTS[pool]) for pool in self.pools.values())
 
 
@@ -138,9 +138,8 @@ class FleetExporter:
 
 class FleetPrometheus:
     """A real Prometheus on 127.0.0.1 scraping a FleetExporter's shards (job dcgm-exporter, namespace
-    EXPORTER_NAMESPACE) every `interval` s, evaluating `rules` (a rule group, as
-    metrics_source.recording_rules gives it) as often when given, and sending to `remote_write`'s receivers;
-    `__enter__` returns its URL once every series of the fleet is in (and every device's recorded series)."""
+    EXPORTER_NAMESPACE) every `interval` s and sending to `remote_write`'s receivers; `__enter__` returns its URL
+    once every series of the fleet is in."""
 
     def __init__(
         self,
@@ -148,11 +147,9 @@ class FleetPrometheus:
         workdir: Path,
         binary: str = "/usr/bin/prometheus",
         interval: int = 30,
-        rules: dict | None = None,
         remote_write: list[dict] | None = None,
     ):
         self.fleet, self.workdir, self.binary, self.interval = fleet, workdir, binary, interval
-        self.rules = rules
         self.remote_write = remote_write  # a remote_write list (push_config.remote_write) sent to as it scrapes
         self.process: subprocess.Popen | None = None
         self.exporter: FleetExporter | None = None
@@ -166,14 +163,9 @@ class FleetPrometheus:
             for k in range(self.exporter.shards)
         )
         config = self.workdir / "prometheus.yml"
-        rule_files = ""
-        if self.rules is not None:
-            rules_file = self.workdir / "recorded.rules.yml"
-            rules_file.write_text(json.dumps({"groups": [self.rules]}))  # JSON is YAML
-            rule_files = f"rule_files: [{json.dumps(str(rules_file))}]\n"
         config.write_text(
             f"global: {{scrape_interval: {self.interval}s, scrape_timeout: {self.interval}s,"
-            f" evaluation_interval: {self.interval}s}}\n{rule_files}"
+            f" evaluation_interval: {self.interval}s}}\n"
             f"scrape_configs:\n  - job_name: dcgm-exporter\n    static_configs:\n{targets}"
             + (f"remote_write: {json.dumps(self.remote_write)}\n" if self.remote_write else "")
         )
@@ -182,10 +174,6 @@ class FleetPrometheus:
         url = self.url
         log = self.workdir / "prometheus.log"
         wanted = [('count({job="dcgm-exporter"})', self.fleet.series)]
-        if self.rules is not None:  # the rules' last evaluation saw every series
-            for rule in self.rules["rules"]:  # one series per device, or per node
-                per_node = "node" in rule["record"]
-                wanted.append((f"count({rule['record']})", len(self.fleet.nodes) if per_node else self.fleet.devices))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError, KeyError, IndexError, ValueError):
