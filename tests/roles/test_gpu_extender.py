@@ -704,6 +704,24 @@ def test_the_extender_gets_no_query_form(lab):
 # --- the push form -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("extra", "source"),
+    [
+        ({"gpufleet_metrics_push_from_nodes": 1}, "push"),  # the lab's GPU nodes are at least one
+        ({"gpufleet_metrics_push_from_nodes": 100_000}, "prometheus"),
+        ({"gpufleet_metrics_push_from_nodes": 1, "gpufleet_gpu_nodes_group": "no_such_group"}, "prometheus"),
+        ({"gpufleet_metrics_push_from_nodes": 1, "gpufleet_metrics_source": "prometheus"}, "prometheus"),
+    ],
+)
+def test_the_load_is_pushed_by_default_from_a_fleet_size_on(tmp_path, extra, source):
+    # roles/gpufleet's one rule: push once the GPU node group holds gpufleet_metrics_push_from_nodes hosts.
+    manifests = render_roles(["gpu_extender"], tmp_path, inventory="inventories/hongkong+lab", extra_vars=extra)
+    docs = [doc for name, docs in load_manifests(manifests).items() if name.startswith("gpu_extender/") for doc in docs]
+    (config,) = [doc for doc in docs if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "gpufleet-extender"]
+    assert config["data"]["METRICS_SOURCE"] == source
+    assert {doc["kind"] for doc in docs} >= ({"StatefulSet"} if source == "push" else {"Deployment"})
+
+
 @pytest.fixture(scope="module")
 def pushed(tmp_path_factory):
     """The lab rendered with gpufleet_metrics_source: push: the objects keyed by (kind, name), and the directory."""

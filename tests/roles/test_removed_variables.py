@@ -7,7 +7,8 @@ from gpufleet_testsupport.collection import render_roles, try_render
 
 RECORDED = (
     "removed with the recorded form (Prometheus recording rules): the extender and GPUScore query the raw dcgm "
-    "series, or receive them pushed (gpufleet_metrics_source push); delete it from the inventory"
+    "series, or receive them pushed (gpufleet_metrics_source, push from gpufleet_metrics_push_from_nodes GPU nodes); "
+    "delete it from the inventory"
 )
 
 
