@@ -6,21 +6,14 @@ full label set, both host label spellings, fields no decision reads), for each w
 
 - ``full``: every DCGM series of the fleet with all its labels (the queries before issue 30), the baseline;
 - ``reduced``: the same series aggregated by the labels decisions read (metrics_source.prometheus_queries,
-  PROMETHEUS_QUERY=raw);
-- ``recorded``: the recording rules' series, one per device and one sample time per node
-  (metrics_source.recording_rules, loaded into the benchmark's Prometheus; PROMETHEUS_QUERY=recorded), read
-  after the one query that says when the rules last ran (RECORDED_EVALUATION_QUERY);
-- ``unchanged``: a recorded refresh when the rules did not run since the last one: that query alone, the
-  snapshot kept (the refreshes between two evaluations of the rule group: most of them at thousands of nodes).
+  what the extender and GPUScore ask when they pull).
 
     python3 benchmarks/bench_metrics_refresh.py [--nodes 1000,5000] [--repeat 3]
 
 Per size and way: the refresh's wall time (both queries, JSON decoding and the snapshot built; median and worst of
 --repeat, the ways taking turns so that both see the same load), how long Prometheus takes to answer each query (to
 the last byte), the bytes on the wire (gzip, as httpx and Go's client ask for it) and decoded, and the series.
-Also the rule group's own evaluation time as Prometheus reports it (the price of the recorded form, paid once per
-evaluation interval in Prometheus, not per refresh). Prints figures only, with the load average beside them: no
-goal is asserted.
+Prints figures only, with the load average beside them: no goal is asserted.
 """
 
 from __future__ import annotations
@@ -35,15 +28,7 @@ import time
 from pathlib import Path
 
 import httpx
-from gpufleet_extender.metrics_source import (
-    RAW,
-    RECORDED,
-    PrometheusSource,
-    exporter_matchers,
-    prometheus_queries,
-    recorded_queries,
-    recording_rules,
-)
+from gpufleet_extender.metrics_source import PrometheusSource, exporter_matchers, prometheus_queries
 from gpufleet_extender.snapshot import DCGM_METRICS
 from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet
 
@@ -72,8 +57,7 @@ def answer(url: str, promql: str) -> tuple[float, int, int, int]:
 
 async def refresh(url: str, queries: tuple[str, str]) -> tuple[float, int]:
     """(wall seconds, nodes in the snapshot) of one refresh of the extender's source asking `queries`."""
-    form = RECORDED if queries == recorded_queries() else RAW
-    source = PrometheusSource(url, NODE_LABELS, timeout=300.0, matchers=MATCHERS, query=form)
+    source = PrometheusSource(url, NODE_LABELS, timeout=300.0, matchers=MATCHERS)
     source._series_query, source._times_query = queries  # the way being measured
     try:
         began = time.perf_counter()
@@ -81,31 +65,6 @@ async def refresh(url: str, queries: tuple[str, str]) -> tuple[float, int]:
         return time.perf_counter() - began, len(snapshot.nodes)
     finally:
         await source.aclose()
-
-
-async def unchanged_refresh(url: str) -> float:
-    """Wall seconds of a recorded refresh that finds the rule group not evaluated since the last one."""
-    source = PrometheusSource(url, NODE_LABELS, timeout=300.0, matchers=MATCHERS, query=RECORDED)
-    try:
-        await source.fetch(1)
-        for _ in range(10):  # an evaluation may land in between: then that refresh reads, and the next is measured
-            began = time.perf_counter()
-            if await source.fetch(2) is None:
-                return time.perf_counter() - began
-        raise RuntimeError("the rule group was evaluated again before every one of 10 refreshes")
-    finally:
-        await source.aclose()
-
-
-def rule_evaluation(url: str) -> str:
-    """The rule group's last evaluation time and each rule's, as Prometheus reports them (/api/v1/rules)."""
-    groups = httpx.get(f"{url}/api/v1/rules", timeout=60).json()["data"]["groups"]
-    return "; ".join(
-        f"group {g['name']} {g['evaluationTime']:.3f} s ("
-        + ", ".join(f"{r['name']} {r['evaluationTime']:.3f} s" for r in g["rules"])
-        + ")"
-        for g in groups
-    )
 
 
 def measure(url: str, ways: dict[str, tuple[str, str]], repeat: int) -> dict[str, dict[str, list[float]]]:
@@ -120,7 +79,6 @@ def measure(url: str, ways: dict[str, tuple[str, str]], repeat: int) -> dict[str
             record.setdefault("wall", []).append(wall)
             record.setdefault("nodes", []).append(nodes)
             record.setdefault("load", []).append(os.getloadavg()[0])
-        figures.setdefault("unchanged", {}).setdefault("wall", []).append(asyncio.run(unchanged_refresh(url)))
     return figures
 
 
@@ -136,21 +94,17 @@ def main() -> int:
     ways = {
         "full": full_queries(),
         "reduced": prometheus_queries(NODE_LABELS, MATCHERS),
-        "recorded": recorded_queries(),
     }
-    rules = recording_rules(NODE_LABELS, MATCHERS)
     for size in (int(n) for n in args.nodes.split(",") if n):
         fleet = make_fleet(size)
         workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-refresh-"))
         began = time.monotonic()
-        with FleetPrometheus(fleet, workdir, args.prometheus, rules=rules) as url:
+        with FleetPrometheus(fleet, workdir, args.prometheus) as url:
             print(
                 f"bench-metrics-refresh: {size} nodes, {fleet.series} exporter series, {fleet.devices} devices "
                 f"(loaded in {time.monotonic() - began:.0f} s), load average {os.getloadavg()[0]:.1f}"
             )
             figures = measure(url, ways, args.repeat)
-            print(f"  recording rules: {rule_evaluation(url)}")
-        unchanged = figures.pop("unchanged")["wall"]
         for way, record in figures.items():
             med = {key: statistics.median(values) for key, values in record.items()}
             wire = med["series wire"] + med["times wire"]
@@ -162,12 +116,8 @@ def main() -> int:
                 f"decoded; {med['series count']:.0f} series; {med['nodes']:.0f} nodes in the snapshot; "
                 f"load average {min(record['load']):.1f}-{max(record['load']):.1f}"
             )
-        print(
-            f"  unchanged refresh median {statistics.median(unchanged):.3f} s (worst {max(unchanged):.3f} s): "
-            "recorded, the rules not evaluated since the last refresh (one query, the snapshot kept)"
-        )
-        full, reduced, recorded = (statistics.median(figures[way]["wall"]) for way in ways)
-        print(f"  ratio reduced / full wall time: {reduced / full:.2f}; recorded / full: {recorded / full:.2f}")
+        full, reduced = (statistics.median(figures[way]["wall"]) for way in ways)
+        print(f"  ratio reduced / full wall time: {reduced / full:.2f}")
     return 0
 
 

@@ -14,13 +14,12 @@ One control plane (etcd, kube-apiserver from KUBE_ASSETS, default build/k8s/bin:
 each advertising its pool's devices (finnlp 56 x mig-1g.10gb, imagegen 8 x mig-3g.40gb + 12 x mig-2g.20gb +
 4 x mig-1g.10gb, llm 8 x gpu). For each mode, P pods (one mig-1g.10gb each) are created first, then a scheduler of
 that mode is started with the configuration the kube_scheduler role renders (its defaults: prometheusTimeoutSeconds
-and PROMETHEUS_TIMEOUT_SECONDS 2 s unless --prometheus-timeout; both paths read the recording rules' series, loaded
-into the benchmark's Prometheus as the roles deploy them, or the raw dcgm series with --prometheus-query raw); the
+and PROMETHEUS_TIMEOUT_SECONDS 2 s unless --prometheus-timeout; both paths query the dcgm series); the
 rate is counted from the first binding to the last, so start-up and informer sync are not in it. The pods are then
 deleted and the next mode starts from the same empty fleet. A mode may be given more than once (bare before and
 after, the default).
 
-With --metrics push, Prometheus evaluates no rule and answers no query: it sends the extender's and GPUScore's
+With --metrics push, Prometheus answers no query: it sends the extender's and GPUScore's
 receivers the four dcgm series as it scrapes them (the entries `gpufleet-extender remote-write-config` writes).
 With --sender rw-sender, where a real Prometheus cannot scrape the fleet beside the control plane (5,000 nodes on a
 small machine), `gpufleet-rw-sender` (k8s/cmd, built here with `go build`) stands in for it: one per receiver, it
@@ -55,7 +54,6 @@ from pathlib import Path
 
 import httpx
 import yaml
-from gpufleet_extender.metrics_source import exporter_matchers, recording_rules
 from gpufleet_extender.push_config import PushTarget, kept_labels, remote_write
 from gpufleet_testsupport.controlplane import ControlPlane, ControlPlaneError, assets_dir, missing_assets
 from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, LAYOUTS, FleetPrometheus, make_fleet
@@ -89,7 +87,6 @@ def scheduler_config(
     workdir: Path,
     urls: dict[str, str | None],
     timeout: float | None,
-    query: str = "recorded",
     push: dict[str, str] | None = None,
 ) -> tuple[dict, str]:
     """(KubeSchedulerConfiguration, binary) for a mode; its one profile is named bench-<mode>."""
@@ -110,7 +107,6 @@ def scheduler_config(
             "gpu_extender_prometheus_url": urls["prometheus"],
             "kube_scheduler_prometheus_allow_http": True,
             "kube_scheduler_plugin_extra_args": {"prometheusTokenFile": str(token_file)},
-            "gpufleet_metrics_recording_rules": query == "recorded",
         }
         if timeout is not None:
             extra["gpu_extender_prometheus_timeout_seconds"] = timeout
@@ -246,7 +242,6 @@ def run_mode(
         workdir,
         urls,
         args.prometheus_timeout,
-        args.prometheus_query,
         urls.get("push"),  # type: ignore[arg-type]
     )
     name = f"scheduler-{mode}-{run}"
@@ -294,12 +289,6 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--prometheus-timeout", type=float, default=None, help="seconds (default: the roles' default, 2)"
-    )
-    parser.add_argument(
-        "--prometheus-query",
-        choices=("recorded", "raw"),
-        default="recorded",
-        help="what both paths read: the recording rules' series (the roles' default) or the raw dcgm series",
     )
     parser.add_argument(
         "--metrics",
@@ -350,12 +339,10 @@ def main() -> int:
 
         extender = None
         urls: dict[str, str | None] = {"extender": None, "prometheus": None}
-        # Scraped and the rules evaluated every 10 s (the roles: 15 s), within the roles' 60 s
-        # METRICS_MAX_AGE_SECONDS with a slow rule evaluation on a small machine.
-        rules = recording_rules(("Hostname", "hostname"), exporter_matchers("dcgm-exporter", EXPORTER_NAMESPACE))
+        # Scraped every 10 s (the roles: 15 s), within the roles' 60 s METRICS_MAX_AGE_SECONDS.
         entries = None
         if args.metrics == "push":
-            # Pushed: no rules; Prometheus sends each receiver (the extender's, GPUScore's) the four dcgm series.
+            # Pushed: Prometheus sends each receiver (the extender's, GPUScore's) the four dcgm series.
             token = workdir / "remote-write-token"
             token.write_text("bench-token\n")
             urls["push"] = {"extender": f"127.0.0.1:{free_port()}", "plugin": f"127.0.0.1:{free_port()}"}
@@ -365,11 +352,8 @@ def main() -> int:
                 for who in ("extender", "plugin")
             ]
             entries = remote_write(targets, ("Hostname", "hostname"), "dcgm-exporter", EXPORTER_NAMESPACE)
-        pulled = args.metrics == "pull" and args.prometheus_query == "recorded"
         scraping = (
-            FleetPrometheus(
-                fleet, workdir, interval=SCRAPE_INTERVAL, rules=rules if pulled else None, remote_write=entries
-            )
+            FleetPrometheus(fleet, workdir, interval=SCRAPE_INTERVAL, remote_write=entries)
             if set(modes) - {"bare"} and not stand_in
             else contextlib.nullcontext("http://127.0.0.1:1")  # the stand-in sender: no Prometheus to query
         )
@@ -386,7 +370,6 @@ def main() -> int:
                         "PROMETHEUS_URL": prometheus_url,
                         "EXPORTER_JOB": "dcgm-exporter",  # pinned as the gpu_extender role pins them
                         "EXPORTER_NAMESPACE": EXPORTER_NAMESPACE,
-                        "PROMETHEUS_QUERY": args.prometheus_query,
                         "KUBE_API": "kubeconfig",  # production mode: in-flight accounting and tenant pools
                         "KUBECONFIG": str(plane.kubeconfig),
                         # As the gpu_extender role sets it (the plugin's config is the role's rendering).

@@ -257,3 +257,35 @@ def test_push_settings_that_go_together_are_accepted():
     assert settings.METRICS_SOURCE is MetricsSourceKind.PUSH
     assert host_port(settings.REMOTE_WRITE_ADDRESS) == ("127.0.0.1", 19402)
     assert host_port(":9402") == ("", 9402) and host_port("[::1]:9402") == ("::1", 9402)
+
+
+REMOVED_QUERY = (
+    "  PROMETHEUS_QUERY: removed with the recorded form: the dcgm series are read raw from Prometheus, or pushed by "
+    "its remote write (metricsSource push); delete it\n"
+)
+
+
+@pytest.mark.parametrize("value", ["recorded", "raw"])
+def test_the_removed_prometheus_query_gets_what_replaced_it_from_the_environment(monkeypatch, capsys, value):
+    # A deployment that still exports the setting: one line saying what replaced it, exit 2, no traceback.
+    monkeypatch.setenv("prometheus_query", value)
+    get_settings.cache_clear()
+    try:
+        assert main(["serve", "--port", "1"]) == EXIT_BAD_SETTINGS
+    finally:
+        get_settings.cache_clear()
+    assert capsys.readouterr().err == "gpufleet-extender: invalid extender settings:\n" + REMOVED_QUERY
+
+
+def test_the_removed_prometheus_query_gets_what_replaced_it_from_a_file_or_a_configmap(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "extender.yaml"
+    config.write_text("prometheus_query: recorded\nGPU_UTIL_THRESHOLD: 0.7\n")
+    with pytest.raises(SettingsError) as caught:
+        load_settings(config)
+    assert str(caught.value) + "\n" == "invalid extender settings:\n" + REMOVED_QUERY
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({"PROMETHEUS_QUERY": "raw"})))
+    assert main(["check-config", "-"]) == EXIT_BAD_SETTINGS
+    assert capsys.readouterr().err == "gpufleet-extender: invalid extender settings:\n" + REMOVED_QUERY
+    # Any other unknown name stays an unknown setting.
+    with pytest.raises(SettingsError, match="PROMETHEUS_QUERIES: unknown setting"):
+        check_settings({"PROMETHEUS_QUERIES": "raw"})

@@ -89,7 +89,6 @@ def test_every_argument_has_the_json_type_of_its_go_field():
         "tenantLabel",
         "onMissingMetrics",
         "scoringStrategy",
-        "prometheusQuery",
         "metricsSource",
         "remoteWriteAddress",
         "remoteWriteTokenFile",
@@ -199,3 +198,13 @@ def test_every_unknown_argument_and_every_wrong_one_is_said_not_only_the_first()
 
 def test_an_empty_file_name_is_no_file_and_the_arguments_after_it_are_still_read():
     assert check_plugin_args({"prometheusCAFile": "", "zzz": 1}) == ["zzz: unknown argument"]
+
+
+def test_the_removed_prometheus_query_gets_what_replaced_it_whatever_its_value():
+    removed = (
+        "prometheusQuery: removed with the recorded form: the dcgm series are read raw from Prometheus, or pushed by "
+        "its remote write (metricsSource push); delete it"
+    )
+    for value in ("recorded", "raw", 1, None):
+        assert check_plugin_args({"prometheusQuery": value}) == [removed]
+    assert check_plugin_args({"prometheusQuery": "raw", "promQuery": "raw"}) == ["promQuery: unknown argument", removed]

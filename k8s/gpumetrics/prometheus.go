@@ -42,10 +42,6 @@ type PrometheusSource struct {
 	seriesQuery string
 	timesQuery  string
 	tokenFile   string // "": no Authorization header
-	recorded    bool   // the queries read the recorded form (useRecorded)
-	// evaluated is the rule group's evaluation the last snapshot was read after (gpuscore.RecordedEvaluationQuery's
-	// answer); only the Refresher's goroutine calls Fetch.
-	evaluated string
 }
 
 // newPrometheusSource: timeout bounds each refresh as a whole (both queries); maxSkew is how far ahead of this
@@ -152,8 +148,7 @@ func (p *PrometheusSource) query(ctx context.Context, promql, authorization stri
 	return payload.Data.Result, nil
 }
 
-// Fetch queries both vectors and builds the snapshot numbered version; with the recorded form, nil (and no
-// error) when the rule group was not evaluated since the last snapshot: nothing in the answer would differ.
+// Fetch queries both vectors and builds the snapshot numbered version.
 func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*gpuscore.Snapshot, error) {
 	queriedAt := Now()
 	authorization, err := p.authorization() // once per refresh: every query carries the same token
@@ -163,21 +158,6 @@ func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*gpuscore
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	timedOut := fmt.Errorf("Prometheus did not answer both queries within prometheusTimeoutSeconds (%gs)", p.timeout.Seconds())
-	evaluated := ""
-	if p.recorded {
-		// As the extender words it: three queries here, the probe first.
-		timedOut = fmt.Errorf("Prometheus did not answer within prometheusTimeoutSeconds (%gs)", p.timeout.Seconds())
-		probe, err := p.query(ctx, gpuscore.RecordedEvaluationQuery, authorization)
-		if ctx.Err() != nil {
-			return nil, timedOut
-		}
-		if err != nil {
-			return nil, err
-		}
-		if evaluated = evaluationOf(probe); evaluated != "" && evaluated == p.evaluated {
-			return nil, nil
-		}
-	}
 	var series, times []gpuscore.Series
 	var seriesErr, timesErr error
 	var wg sync.WaitGroup
@@ -193,10 +173,6 @@ func (p *PrometheusSource) Fetch(ctx context.Context, version uint64) (*gpuscore
 	}
 	if timesErr != nil {
 		return nil, timesErr
-	}
-	if p.recorded {
-		p.evaluated = evaluated
-		return gpuscore.SnapshotFromRecorded(series, times, p.nodeLabels, queriedAt, Now(), p.maxSkew, version), nil
 	}
 	return gpuscore.SnapshotFromSeries(series, times, p.nodeLabels, queriedAt, Now(), p.maxSkew, version), nil
 }
@@ -303,18 +279,4 @@ func (r *Refresher) Run(ctx context.Context) {
 			r.RefreshOnce(ctx)
 		}
 	}
-}
-
-// useRecorded makes the source read the recorded form instead of the raw dcgm series.
-func (p *PrometheusSource) useRecorded() {
-	p.seriesQuery, p.timesQuery = gpuscore.RecordedQueries()
-	p.recorded = true
-}
-
-// evaluationOf is the probe's answer as Prometheus wrote it ("" for an empty vector: no recorded series yet).
-func evaluationOf(probe []gpuscore.Series) string {
-	if len(probe) != 1 || len(probe[0].Value) != 2 {
-		return ""
-	}
-	return string(probe[0].Value[1])
 }

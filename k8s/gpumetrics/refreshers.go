@@ -54,7 +54,7 @@ func sharedRefresher(ctx context.Context, args gpuscore.Args, source Source) *Re
 }
 
 // prometheusSourceFor is the Prometheus source args describe: its CA pinned (read now: an unreadable file is an
-// args problem), its bearer token file re-read at each refresh, and the form it reads (prometheusQuery).
+// args problem), its bearer token file re-read at each refresh.
 func prometheusSourceFor(args gpuscore.Args) (*PrometheusSource, error) {
 	source := newPrometheusSource(args.PrometheusURL, args.NodeNameLabels, Seconds(args.PrometheusTimeoutSeconds),
 		args.MetricsMaxClockSkewSeconds, gpuscore.ExporterMatchers(args.ExporterJob, args.ExporterNamespace))
@@ -64,9 +64,6 @@ func prometheusSourceFor(args gpuscore.Args) (*PrometheusSource, error) {
 		}
 	}
 	source.useTokenFile(args.PrometheusTokenFile)
-	if args.PrometheusQuery == gpuscore.QueryRecorded {
-		source.useRecorded()
-	}
 	return source, nil
 }
 

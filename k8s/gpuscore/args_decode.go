@@ -44,6 +44,12 @@ func readArgs(obj runtime.Object) (Args, []string) {
 	return args, decodeStrict(raw, &args)
 }
 
+// removedArgs are arguments the plugin took once, each with what replaced it (the settings contract's "removed"):
+// a config that still sets one gets that line, not "unknown argument".
+var removedArgs = map[string]string{
+	"prometheusQuery": "removed with the recorded form: the dcgm series are read raw from Prometheus, or pushed by its remote write (metricsSource push); delete it",
+}
+
 // argKinds: the JSON values that tell which type an argument decodes from, and how a problem says that type
 // (plugin_args.py's words). The first sample an argument takes is its type.
 var argKinds = []struct{ sample, words string }{
@@ -95,6 +101,10 @@ func decodeStrict(raw []byte, into *Args) []string {
 	_ = json.Unmarshal(encoded, &known)
 	var problems []string
 	for _, name := range sortedKeys(fields) {
+		if why, ok := removedArgs[name]; ok {
+			problems = append(problems, name+": "+why)
+			continue
+		}
 		if _, ok := known[name]; !ok {
 			problems = append(problems, name+": unknown argument")
 			continue

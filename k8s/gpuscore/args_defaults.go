@@ -25,7 +25,6 @@ func DefaultArgs() Args {
 		SharedResources:            map[string]int{},
 		InterferenceWeight:         0,
 		SharedMemFreeMin:           0,
-		PrometheusQuery:            QueryRaw,
 		MetricsSource:              SourcePrometheus,
 		RemoteWriteAddress:         ":9402",
 	}

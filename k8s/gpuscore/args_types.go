@@ -42,8 +42,6 @@ type Args struct {
 	// SHARED_MEM_FREE_MIN: share of a time-sliced device's memory that must be free on every device the device
 	// plugin may hand the pod (0: off).
 	SharedMemFreeMin float64 `json:"sharedMemFreeMin"`
-	// PROMETHEUS_QUERY: recorded (the dcgm_exporter role's recording rules, one series per device) | raw.
-	PrometheusQuery string `json:"prometheusQuery"`
 	// METRICS_SOURCE: prometheus (queried every refresh) | push (Prometheus' remote write to the scheduler's own
 	// receiver, k8s/gpumetrics/remotewrite).
 	MetricsSource string `json:"metricsSource"`

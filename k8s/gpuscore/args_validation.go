@@ -86,10 +86,6 @@ func ValidateArgs(path *field.Path, args *Args) field.ErrorList {
 		bad("scoringStrategy", field.Invalid(child("scoringStrategy"), args.ScoringStrategy,
 			fmt.Sprintf("must be spread, pack or auto (got %q)", args.ScoringStrategy)))
 	}
-	if args.PrometheusQuery != QueryRecorded && args.PrometheusQuery != QueryRaw {
-		bad("prometheusQuery", field.Invalid(child("prometheusQuery"), args.PrometheusQuery,
-			fmt.Sprintf("must be recorded or raw (got %q)", args.PrometheusQuery)))
-	}
 	if args.MetricsSource != SourcePrometheus && args.MetricsSource != SourcePush {
 		bad("metricsSource", field.Invalid(child("metricsSource"), args.MetricsSource,
 			fmt.Sprintf("must be prometheus or push (got %q)", args.MetricsSource)))

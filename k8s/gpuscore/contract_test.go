@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -312,6 +313,39 @@ func TestPushArgsAreValidatedWithTheirFieldPaths(t *testing.T) {
 		}
 		if !slices.Equal(got, c.want) {
 			t.Errorf("%s: errors %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+// A removed argument is the contract's "removed" entry, and a config that still sets it gets the contract's words
+// (whatever its value), not "unknown argument".
+func TestRemovedArgsAreTheSettingsContracts(t *testing.T) {
+	raw, err := os.ReadFile(contractFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var contract struct {
+		Removed map[string]struct {
+			Arg string `json:"arg"`
+			Why string `json:"why"`
+		} `json:"removed"`
+	}
+	if err := json.Unmarshal(raw, &contract); err != nil {
+		t.Fatal(err)
+	}
+	declared := map[string]string{}
+	for _, removed := range contract.Removed {
+		declared[removed.Arg] = removed.Why
+	}
+	if !maps.Equal(declared, removedArgs) {
+		t.Fatalf("removed args %v, the contract's %v", removedArgs, declared)
+	}
+	for arg, why := range removedArgs {
+		for _, value := range []string{`"recorded"`, `"raw"`, `1`} {
+			_, problems := ParseArgs(&runtime.Unknown{Raw: []byte(`{"` + arg + `":` + value + `}`), ContentType: runtime.ContentTypeJSON})
+			if want := []string{arg + ": " + why}; !slices.Equal(problems, want) {
+				t.Errorf("%s: %s: problems %q, want %q", arg, value, problems, want)
+			}
 		}
 	}
 }

@@ -32,10 +32,6 @@ type Sample struct {
 	Name   string
 	Labels map[string]string
 	Value  float64
-	// Pods holding the device when the source counted them already (the recorded form, decodePacked) instead
-	// of one series per pod; HasPods false: counted from the pod labels.
-	Pods    int
-	HasPods bool
 }
 
 type deviceKey struct{ node, gpu, instance string }
@@ -50,9 +46,8 @@ type deviceAcc struct {
 	utilPercent, grActive, used, free int32
 	// pods dcgm-exporter maps to the device, each once (a few at most: a list is cheaper than a set); podLabel
 	// false: no series of the device had a pod label.
-	pods        []podKey
-	podLabel    bool
-	countedPods int // pods a recorded sample counted (Sample.Pods); -1: none did
+	pods     []podKey
+	podLabel bool
 }
 
 // podOf is the pod a series is attributed to (no name for none), ok false when the series has no pod label.
@@ -214,13 +209,10 @@ func layoutNodes(samples []Sample, nodeLabels []string, intern map[string]string
 			if len(slab) == cap(slab) {
 				slab = make([]deviceAcc, 0, hint)
 			}
-			slab = append(slab, deviceAcc{gpu: gpu, profile: profile, utilPercent: noSample, grActive: noSample, used: noSample, free: noSample, countedPods: -1})
+			slab = append(slab, deviceAcc{gpu: gpu, profile: profile, utilPercent: noSample, grActive: noSample, used: noSample, free: noSample})
 			acc = &slab[len(slab)-1]
 			devices[key] = acc
 			order = append(order, key)
-		}
-		if s.HasPods {
-			acc.countedPods = s.Pods
 		}
 		if pod, ok := podOf(s.Labels); ok { // time-slicing: one series per pod sharing the device
 			acc.podLabel = true
@@ -287,8 +279,6 @@ func layoutNodes(samples []Sample, nodeLabels []string, intern map[string]string
 		}
 		if acc.podLabel {
 			slot.pods, slot.hasPods = len(acc.pods), true
-		} else if acc.countedPods >= 0 {
-			slot.pods, slot.hasPods = acc.countedPods, true
 		}
 		node := nodes[key.node]
 		if node == nil {

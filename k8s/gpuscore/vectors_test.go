@@ -59,7 +59,6 @@ type vectorFile struct {
 		} `json:"steps"`
 	} `json:"auto"`
 	Prometheus []promCase `json:"prometheus"`
-	Recorded   []promCase `json:"recorded"` // the same, the series in the recorded form (recorded_test.go)
 	Requests   []struct {
 		Spec   v1.PodSpec           `json:"spec"`
 		Expect [][2]json.RawMessage `json:"expect"`
@@ -75,7 +74,7 @@ type vectorFile struct {
 	} `json:"claims"`
 }
 
-// promCase is a Prometheus answer (series and sample times, raw or recorded) and the extender's snapshot of it.
+// promCase is a Prometheus answer (series and sample times) and the extender's snapshot of it.
 type promCase struct {
 	NodeNameLabels []string `json:"nodeNameLabels"`
 	QueriedAt      float64  `json:"queriedAt"`

@@ -152,12 +152,6 @@ def _prometheus_problems(reader: dict, url_override: str) -> list[str]:
         "no_series": (
             f"{where}: {message}, though dcgm-exporter runs: check that Prometheus scrapes it (job "
             f"{reader['exporter_job'] or 'any'}, namespace {reader['exporter_namespace'] or 'any'})"
-            + (
-                " and loads the collection's recording rules (a Prometheus Operator's ruleSelector must select the "
-                "PrometheusRule)"
-                if reader.get("query") == "recorded"
-                else ""
-            )
         ),
     }
     line = fixes.get(kind, f"{where}: {message}")

@@ -1,6 +1,6 @@
-"""What the controller needs beyond requirements.txt: the collection's extender package, which three roles run on the
-controller (gpu_extender's settings check, kube_scheduler's GPUScore args check, dcgm_exporter's recording rules,
-the last one tested in test_dcgm_exporter.py). Without it each role fails before rendering anything, saying which
+"""What the controller needs beyond requirements.txt: the collection's extender package, which roles run on the
+controller (gpu_extender's settings check, kube_scheduler's GPUScore args check; preflight's Prometheus probe is
+tested with the role). Without it each role fails before rendering anything, saying which
 Python lacks it and the one command that installs it from the collection the role runs from."""
 
 from __future__ import annotations

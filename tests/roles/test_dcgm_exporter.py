@@ -1,13 +1,11 @@
 """The dcgm_exporter role: strict validation for both inventories, the counters CSV, the ServiceMonitor or the
-scrape config snippet, the apply path's arguments (check mode against a closed port), and the recording rules the
-extender's generator prints for the role's settings."""
+scrape config snippet, the apply path's arguments (check mode against a closed port), and the recorded form's rules
+taken away."""
 
 from __future__ import annotations
 
 import hashlib
-import re
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -163,100 +161,14 @@ def test_apply_mode_reaches_for_the_api_with_valid_arguments(tmp_path):
     assert "Unsupported parameters" not in output and "missing required arguments" not in output
 
 
-def _python_rules(
-    node_labels=("Hostname", "hostname"), job="dcgm-exporter", namespace="gpufleet-node-agents", interval="15s"
-):
-    """The rule group as the extender's generator writes it (the one specification: the role runs the generator and
-    has no PromQL of its own), evaluated at the role's scrape interval."""
-    from gpufleet_extender.metrics_source import exporter_matchers, recording_rules
-
-    return recording_rules(node_labels, exporter_matchers(job, namespace), interval)
-
-
-def test_the_recording_rules_are_the_extenders_as_a_prometheus_rule_or_a_rules_file(tmp_path):
-    manifests = render_roles(["gpufleet.mig.dcgm_exporter"], tmp_path / "operator")
-    rule = objects_of(load_manifests(manifests))[("PrometheusRule", "gpufleet-dcgm-recorded")]
-    assert rule["metadata"]["namespace"] == "gpufleet-node-agents"
-    assert rule["spec"] == {"groups": [_python_rules()]}
-    assert not (manifests / "dcgm_exporter" / "recording-rules.yaml.snippet").exists()
-    # What each recorded series computes, for an operator reading their Prometheus: every record named, the
-    # screening said.
-    described = rule["metadata"]["annotations"]["gpufleet.io/description"]
-    assert {r["record"] for r in rule["spec"]["groups"][0]["rules"]} <= set(
-        re.findall(r"gpufleet:\S+?(?=:\s)", described)
-    )
-    assert "Screening:" in described
-
-    # The role's settings reach the generator: node labels, job, namespace and interval (an empty job: any job).
-    extra = {
-        "dcgm_exporter_prometheus_rule": "never",
-        "dcgm_exporter_recording_rules_node_labels": ["node", "kubernetes_node"],
-        "dcgm_exporter_recording_rules_job": "",
-        "dcgm_exporter_namespace": "agents",
-        "dcgm_exporter_scrape_interval": "30s",
-    }
-    manifests = render_roles(["gpufleet.mig.dcgm_exporter"], tmp_path / "file", extra_vars=extra)
-    assert ("PrometheusRule", "gpufleet-dcgm-recorded") not in objects_of(load_manifests(manifests))
-    text = (manifests / "dcgm_exporter" / "recording-rules.yaml.snippet").read_text()
-    assert yaml.safe_load(text) == {"groups": [_python_rules(("node", "kubernetes_node"), "", "agents", "30s")]}
-    assert text.startswith("# gpufleet's recorded form") and "# Screening:" in text  # the file says what it holds
-
-    extra = {"dcgm_exporter_recording_rules_node_labels": ["host"], "dcgm_exporter_recording_rules_job": "gpu-metrics"}
-    manifests = render_roles(["gpufleet.mig.dcgm_exporter"], tmp_path / "job", extra_vars=extra)
-    rule = objects_of(load_manifests(manifests))[("PrometheusRule", "gpufleet-dcgm-recorded")]
-    assert rule["spec"] == {"groups": [_python_rules(("host",), "gpu-metrics")]}
-
-
-def test_the_rules_are_generated_in_check_mode_too(tmp_path):
-    # The generator is read-only and runs in check mode: the play gets past the rules only if it ran.
-    playbook = tmp_path / "check.yml"
-    play = {"hosts": "localhost", "gather_facts": False, "check_mode": True, "roles": ["gpufleet.mig.dcgm_exporter"]}
-    playbook.write_text(yaml.safe_dump([play]))
-    extra = {
-        "gpufleet_k8s_mode": "render",
-        "gpufleet_manifests_dir": str(tmp_path / "out"),
-        "dcgm_exporter_prometheus_rule": "never",
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-    }
-    result = run_playbook(str(playbook), "inventories/hongkong+lab", extra, tmp_path)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "Write recording-rules.yaml.snippet" in result.stdout
-
-
-@pytest.mark.parametrize("interpreter", ["without-the-package", "missing"])
-def test_without_the_generator_the_play_fails_with_the_roles_message(tmp_path, interpreter):
-    python = tmp_path / "python"
-    if interpreter == "without-the-package":
-        # A Python that cannot import gpufleet_extender: no site-packages (-S), no PYTHONPATH (-I).
-        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "$@"\n')
-        python.chmod(0o755)
-    result, manifests = try_render(["dcgm_exporter"], tmp_path, extra_vars={"dcgm_exporter_check_python": str(python)})
-    assert result.returncode != 0
-    output = " ".join(result.stdout.split())
-    assert (
-        "dcgm_exporter: the recording rules come from the extender's generator (gpufleet-extender recording-rules),"
-        f" run on the controller by dcgm_exporter_check_python ({python}), and it failed:" in output
-    )
-    if interpreter == "without-the-package":
-        assert "No module named gpufleet_extender" in output
-        # The hint names the extender directory of the collection the role runs from, installable as it is.
-        hint = re.search(
-            rf"\(install the collection's extender package for that Python: {re.escape(str(python))}"
-            r" -m pip install (\S+)\)",
-            output,
-        )
-        assert hint and Path(hint.group(1), "pyproject.toml").is_file(), output[-2000:]
-    else:
-        assert f"({python} did not run: set dcgm_exporter_check_python to a Python on the controller" in output
-    assert "Traceback" not in result.stdout + result.stderr
-    assert not (manifests / "dcgm_exporter" / "recording-rules.yaml.snippet").exists()
-    assert not (manifests / "dcgm_exporter" / "recording-rules.yaml").exists()
-
-
-def test_no_recording_rules_when_the_inventory_turns_them_off(tmp_path):
-    manifests = render_roles(
-        ["gpufleet.mig.dcgm_exporter"], tmp_path, extra_vars={"gpufleet_metrics_recording_rules": False}
-    )
-    assert ("PrometheusRule", "gpufleet-dcgm-recorded") not in objects_of(load_manifests(manifests))
-    assert not (manifests / "dcgm_exporter" / "recording-rules.yaml.snippet").exists()
+def test_no_recording_rules_and_those_an_earlier_release_rendered_are_taken_away(tmp_path):
+    # The recorded form is gone: its PrometheusRule manifest and rules file, left in the manifest directory by an
+    # earlier render (a GitOps tool would keep applying them), are removed; nothing of the kind is rendered again.
+    old = tmp_path / "manifests" / "dcgm_exporter"
+    old.mkdir(parents=True)
+    for name in ("recording-rules.yaml", "recording-rules.yaml.snippet"):
+        (old / name).write_text("kind: PrometheusRule\n")
+    manifests = render_roles(["gpufleet.mig.dcgm_exporter"], tmp_path)
+    kinds = {kind for kind, _name in objects_of(load_manifests(manifests))}
+    assert "PrometheusRule" not in kinds and "DaemonSet" in kinds
+    assert not (old / "recording-rules.yaml").exists() and not (old / "recording-rules.yaml.snippet").exists()

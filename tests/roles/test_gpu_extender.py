@@ -696,14 +696,30 @@ def test_the_http_opt_out_sends_the_token_but_pins_no_ca(tmp_path):
     assert "prometheus-token" in volumes and "prometheus-ca" not in volumes
 
 
-def test_the_extender_reads_the_recorded_form_unless_the_inventory_turns_the_rules_off(lab, tmp_path):
-    # gpufleet_metrics_recording_rules (true): the dcgm_exporter role delivers the rules, the extender reads them.
-    assert lab["ConfigMap"]["data"]["PROMETHEUS_QUERY"] == "recorded"
-    raw = render_extender(tmp_path, "inventories/hongkong+lab", {"gpufleet_metrics_recording_rules": False})
-    assert raw["ConfigMap"]["data"]["PROMETHEUS_QUERY"] == "raw"
+def test_the_extender_gets_no_query_form(lab):
+    # The raw dcgm series are the one form pulled (PROMETHEUS_QUERY is gone: the extender refuses it).
+    assert "PROMETHEUS_QUERY" not in lab["ConfigMap"]["data"]
 
 
 # --- the push form -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "source"),
+    [
+        ({"gpufleet_metrics_push_from_nodes": 1}, "push"),  # the lab's GPU nodes are at least one
+        ({"gpufleet_metrics_push_from_nodes": 100_000}, "prometheus"),
+        ({"gpufleet_metrics_push_from_nodes": 1, "gpufleet_gpu_nodes_group": "no_such_group"}, "prometheus"),
+        ({"gpufleet_metrics_push_from_nodes": 1, "gpufleet_metrics_source": "prometheus"}, "prometheus"),
+    ],
+)
+def test_the_load_is_pushed_by_default_from_a_fleet_size_on(tmp_path, extra, source):
+    # roles/gpufleet's one rule: push once the GPU node group holds gpufleet_metrics_push_from_nodes hosts.
+    manifests = render_roles(["gpu_extender"], tmp_path, inventory="inventories/hongkong+lab", extra_vars=extra)
+    docs = [doc for name, docs in load_manifests(manifests).items() if name.startswith("gpu_extender/") for doc in docs]
+    (config,) = [doc for doc in docs if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "gpufleet-extender"]
+    assert config["data"]["METRICS_SOURCE"] == source
+    assert {doc["kind"] for doc in docs} >= ({"StatefulSet"} if source == "push" else {"Deployment"})
 
 
 @pytest.fixture(scope="module")

@@ -846,12 +846,16 @@ def test_static_pod_leaves_an_unhealthy_scheduler_alone(tmp_path, control_plane_
     assert not node.config_dir.exists()
 
 
-def test_plugin_mode_reads_the_recorded_form_as_the_extender_does(tmp_path):
+def test_plugin_mode_sets_no_query_form_and_refuses_the_removed_one_with_what_replaced_it(tmp_path):
     lab = scheduler_config(render_roles([ROLE], tmp_path / "lab"))
-    assert lab["profiles"][0]["pluginConfig"][0]["args"]["prometheusQuery"] == "recorded"
-    off = {"gpufleet_metrics_recording_rules": False}
-    raw = scheduler_config(render_roles([ROLE], tmp_path / "raw", extra_vars=off))
-    assert raw["profiles"][0]["pluginConfig"][0]["args"]["prometheusQuery"] == "raw"
+    assert "prometheusQuery" not in lab["profiles"][0]["pluginConfig"][0]["args"]
+    extra = {"kube_scheduler_mode": "plugin", "kube_scheduler_plugin_extra_args": {"prometheusQuery": "recorded"}}
+    (tmp_path / "old").mkdir()
+    output = " ".join(render_failure(tmp_path / "old", extra).split())
+    assert (
+        "invalid GPUScore args: prometheusQuery: removed with the recorded form: the dcgm series are read raw from "
+        "Prometheus, or pushed by its remote write (metricsSource push); delete it"
+    ) in output
 
 
 # --- plugin mode, pushed load -----------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The push form end to end with a real sender: Debian's Prometheus scrapes
 gpufleet_testsupport.dcgm_fleet's fleet and sends
 what `gpufleet-extender remote-write-config` tells it to (the four dcgm series, the decision's labels, a bearer
-token) to `gpufleet-extender serve` with METRICS_SOURCE=push; a second extender queries the same Prometheus
-(PROMETHEUS_QUERY=raw). For every resource of the fleet, both filter and rank every node alike; the pushed
+token) to `gpufleet-extender serve` with METRICS_SOURCE=push; a second extender queries the same Prometheus.
+For every resource of the fleet, both filter and rank every node alike; the pushed
 extender's newest sample is never older than one scrape interval plus 5 s (scrape to decision); Prometheus reports
 no failed sample. Without Prometheus this test skips, unless CI or GPUFLEET_REQUIRE_PROMETHEUS=1 makes its absence a
 failure.
@@ -61,9 +61,7 @@ def extenders(tmp_path_factory) -> Iterator[tuple[str, str, str]]:
                 "REMOTE_WRITE_TOKEN_FILE": str(token),
             }
             pushed, pushed_url = start_extender(workdir, env)
-            queried, queried_url = start_extender(
-                workdir, {**PINNED, "PROMETHEUS_URL": prometheus, "PROMETHEUS_QUERY": "raw"}
-            )
+            queried, queried_url = start_extender(workdir, {**PINNED, "PROMETHEUS_URL": prometheus})
             _wait(
                 "every node in the pushed extender",
                 lambda: _metric(pushed_url, "gpufleet_extender_nodes_with_metrics") == NODES,

@@ -95,7 +95,6 @@ def build_source(settings: Settings, telemetry: Telemetry | None = None) -> Metr
         matchers=exporter_matchers(settings.EXPORTER_JOB, settings.EXPORTER_NAMESPACE),
         ca_file=settings.PROMETHEUS_CA_FILE,
         token_file=settings.PROMETHEUS_TOKEN_FILE,
-        query=settings.PROMETHEUS_QUERY.value,
     )
 
 

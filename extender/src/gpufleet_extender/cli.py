@@ -1,5 +1,4 @@
-"""``gpufleet-extender`` command line: ``serve``, ``check-config``, ``recording-rules``, ``remote-write-config`` and
-``probe-prometheus``.
+"""``gpufleet-extender`` command line: ``serve``, ``check-config``, ``remote-write-config`` and ``probe-prometheus``.
 
 The server's commands only: the placement simulator and the lab are the ``gpufleet-lab`` package's
 (``gpufleet-lab simulate``), which imports this package, never the reverse.
@@ -191,30 +190,6 @@ def _add_check_config(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     check.set_defaults(handler=_check_config)
 
 
-def _recording_rules(args: argparse.Namespace) -> int:
-    from gpufleet_extender.metrics_source import exporter_matchers, recording_rules, recording_rules_file
-
-    node_labels = node_labels_of(args)
-    matchers = exporter_matchers(args.exporter_job, args.exporter_namespace)
-    group = recording_rules(node_labels, matchers, args.interval)
-    sys.stdout.write(recording_rules_file(group))
-    return 0
-
-
-def _add_recording_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    rules = subparsers.add_parser(
-        "recording-rules",
-        help="print the Prometheus recording rules PROMETHEUS_QUERY=recorded reads (a rules file, YAML)",
-    )
-    add_exporter_arguments(rules)
-    rules.add_argument(
-        "--interval",
-        default="",
-        help="how often Prometheus evaluates the group: the exporter's scrape interval (e.g. 15s; '': the global one)",
-    )
-    rules.set_defaults(handler=_recording_rules)
-
-
 def _remote_write_config(args: argparse.Namespace) -> int:
     import yaml
 
@@ -272,7 +247,6 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
     _add_check_config(subparsers)
-    _add_recording_rules(subparsers)
     _add_remote_write_config(subparsers)
     _add_probe_prometheus(subparsers)
     return parser

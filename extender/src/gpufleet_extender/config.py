@@ -35,7 +35,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 
 from gpufleet_extender.errors import ExtenderError
 from gpufleet_extender.scoring import Strategy as ScoringStrategy  # spread | pack | auto, described there
-from gpufleet_extender.settings_contract import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
+from gpufleet_extender.settings_contract import MIG_RESOURCE_PREFIX, REMOVED, WHOLE_GPU_RESOURCE
 from gpufleet_extender.settings_contract import SETTINGS as _SETTINGS
 from gpufleet_extender.settings_contract import bounds as _bounds
 from gpufleet_extender.settings_contract import default as _default
@@ -107,11 +107,6 @@ class MetricsSourceKind(StrEnum):
 LAB_ONLY_CHOICES = {"METRICS_SOURCE": (MetricsSourceKind.FILE.value,)}
 
 
-class PrometheusQuery(StrEnum):
-    RECORDED = "recorded"  # the recording rules' series (one per device, one sample time per node)
-    RAW = "raw"  # the dcgm-exporter series themselves: a Prometheus without the rules
-
-
 class MissingMetricsPolicy(StrEnum):
     ALLOW = "allow"
     DENY = "deny"
@@ -152,9 +147,6 @@ class Settings(BaseSettings):
     # namespace) cannot feed the extender. See docs/tenants.md for keeping those labels honest.
     EXPORTER_JOB: str = _default("EXPORTER_JOB")
     EXPORTER_NAMESPACE: str = _default("EXPORTER_NAMESPACE")
-    # recorded: read the series the dcgm_exporter role's recording rules precompute (gpufleet-extender
-    # recording-rules), one per device: what a fleet of thousands of nodes needs. raw: the dcgm series themselves.
-    PROMETHEUS_QUERY: PrometheusQuery = PrometheusQuery(_default("PROMETHEUS_QUERY"))
     GPU_UTIL_THRESHOLD: Annotated[float, _bounds("GPU_UTIL_THRESHOLD")] = _default("GPU_UTIL_THRESHOLD")
     MEM_UTIL_THRESHOLD: Annotated[float, _bounds("MEM_UTIL_THRESHOLD")] = _default("MEM_UTIL_THRESHOLD")
     WEIGHT_GPU_UTIL: Annotated[float, _bounds("WEIGHT_GPU_UTIL")] = _default("WEIGHT_GPU_UTIL")
@@ -468,7 +460,8 @@ def _settings_error(exc: ValidationError) -> SettingsError:
         where = ".".join(str(part) for part in error["loc"]) or "settings"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = "unknown setting"
+            # A setting taken once gets what replaced it (the contract's "removed"), not "unknown setting".
+            message = REMOVED[where.upper()][1] if where.upper() in REMOVED else "unknown setting"
         problems.append(f"  {where}: {message}")
     return SettingsError("invalid extender settings:\n" + "\n".join(problems))
 
@@ -476,6 +469,8 @@ def _settings_error(exc: ValidationError) -> SettingsError:
 def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
     """Build Settings from an optional file plus the environment; raise SettingsError listing every problem."""
     values = read_config_file(config_file) if config_file else {}
+    # The environment source reads the fields alone: a removed setting still exported must be refused all the same.
+    values.update({key.upper(): value for key, value in os.environ.items() if key.upper() in REMOVED})
     values.update({key.upper(): value for key, value in overrides.items()})
     try:
         return Settings(**values)

@@ -1,5 +1,5 @@
 """The command-line arguments that say which dcgm series a command reads (its host labels, the exporter's job and
-namespace), one definition for every command that takes them: recording-rules, remote-write-config, probe-prometheus."""
+namespace), one definition for every command that takes them: remote-write-config, probe-prometheus."""
 
 from __future__ import annotations
 

@@ -6,10 +6,8 @@ in a new immutable ``MetricsSnapshot``; handlers read whichever snapshot is curr
 - ``FileSource``: a Prometheus text exposition file of dcgm-exporter series (the lab, the simulator and
   tests write one). Re-read only when its mtime or size changes; samples without a timestamp are dated by
   the file's mtime. Files from WORKER_MIN_BYTES up are parsed in a worker process (parse_worker.py).
-- ``PrometheusSource``: two instant queries: the device loads and the newest sample time per node
-  (``timestamp()``, since an instant query's own timestamp is the evaluation time, not the scrape's). With
-  PROMETHEUS_QUERY=recorded both are series the recording rules precompute (``recording_rules``: one per device,
-  one per node); with raw, the dcgm series themselves.
+- ``PrometheusSource``: two instant queries of the dcgm series: the device loads and the newest sample time per
+  node (``timestamp()``, since an instant query's own timestamp is the evaluation time, not the scrape's).
   PROMETHEUS_TIMEOUT_SECONDS bounds the whole refresh (httpx's own timeout is per read: a Prometheus that
   trickles a byte a second would never time out). Over https with PROMETHEUS_CA_FILE, Prometheus' certificate
   must chain to that CA alone; PROMETHEUS_TOKEN_FILE's bearer token is re-read at each refresh, so a rotated
@@ -317,8 +315,12 @@ def exporter_matchers(job: str = "", namespace: str = "") -> str:
 DECISION_LABELS = ("gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "pod", "namespace", "exported_pod", "exported_namespace")
 
 
+# The one metric every device reports (the roles require it): the node's sample time is its newest timestamp.
+SAMPLE_TIME_METRIC = FB_FREE
+
+
 def prometheus_queries(node_labels: Iterable[str], matchers: str = "") -> tuple[str, str]:
-    """(series query, sample-time query) of a refresh that reads the raw dcgm series (PROMETHEUS_QUERY=raw).
+    """(series query, sample-time query) of a refresh that reads the dcgm series.
 
     The series come aggregated by the labels decisions read (``max by``), so Prometheus drops the exporter's
     other labels (PCI bus, model, driver, container, its own job and instance) before encoding the answer: a
@@ -334,171 +336,6 @@ def prometheus_queries(node_labels: Iterable[str], matchers: str = "") -> tuple[
     selector = "{" + matchers + "}" if matchers else ""
     times = f"max by ({', '.join(node_labels)}) (timestamp({SAMPLE_TIME_METRIC}{selector}))"
     return series, times
-
-
-# --- the recorded form (PROMETHEUS_QUERY=recorded) ------------------------------------------------------------
-# Prometheus' answer costs per series, so the rules the dcgm_exporter role installs precompute one series per
-# device and one sample time per node in its rule evaluation; a refresh reads those two.
-RECORDED = "recorded"
-RAW = "raw"
-QUERY_FORMS = (RECORDED, RAW)
-PACKED_SERIES = "gpufleet:dcgm_device:packed"
-NODE_SAMPLE_TIME_SERIES = "gpufleet:dcgm_node_sample_time:seconds"
-UTIL_SERIES = "gpufleet:dcgm_device_util:ratio"  # a step of the packed rule, kept for the Prometheus UI
-MEMORY_SERIES = "gpufleet:dcgm_device_memory:ratio"  # another step
-RULE_GROUP = "gpufleet-dcgm-recorded"
-# The one metric every device reports (the roles require it): the node's sample time is its newest timestamp.
-SAMPLE_TIME_METRIC = FB_FREE
-# The labels of a device's recorded series besides the node's: the device and its MIG instance.
-DEVICE_LABELS = ("gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE")
-# Packed value, in decimal fixed point (readable in the Prometheus UI): util permille x UTIL_SCALE + memory-used
-# permille x MEMORY_SCALE + pods. Sentinels: memory unknown (no framebuffer metrics, or a total of 0) and pods
-# unknown (no series of the device carried a pod label); a NaN value: a value of the device was out of range.
-UTIL_SCALE = 10_000_000
-MEMORY_SCALE = 1_000
-MEMORY_UNKNOWN = 1001
-PODS_UNKNOWN = 999
-PODS_MAX = 998
-
-
-def _screened_avg(by: str, metric: str, matchers: str, high: float | None, extra: str = "") -> str:
-    """The device's mean of `metric`, NaN when any of its series is out of [0, high] (or [0, +Inf) without `high`)
-    or NaN, reading each series once: acos and sqrt are NaN outside their domain, and cos(acos(v)) and sqrt(v)^2
-    give v back (to a unit in the last place), so one selector both screens and keeps the value; avg keeps a NaN.
-    """
-    inside = ",".join(m for m in (matchers, extra) if m)
-    selector = metric + ("{" + inside + "}" if inside else "")
-    if high is None:
-        screened = f"sqrt({selector}) ^ 2"
-    else:
-        screened = f"(cos(acos({selector} * {2 / high:g} - 1)) + 1) * {high / 2:g}"
-    return f"avg by ({by}) ({screened})"
-
-
-def recording_rules_described() -> list[str]:
-    """What each recorded series computes and why, one paragraph per series: the comment block above the rules file
-    `gpufleet-extender recording-rules` prints, so that an operator reading their Prometheus knows what it holds."""
-    return [
-        "gpufleet's recorded form of dcgm-exporter's series: the GPU load the scheduler extender and the GPUScore "
-        "plugin read (PROMETHEUS_QUERY / prometheusQuery recorded), one series per device instead of the raw ones, "
-        "so that each refresh reads a few series per GPU rather than every raw sample of the fleet.",
-        f"{UTIL_SERIES}: each device's utilisation, 0..1: DCGM_FI_DEV_GPU_UTIL / 100 for a whole GPU, "
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE for a MIG instance (the GPU's own utilisation is not reported per instance).",
-        f"{MEMORY_SERIES}: each device's framebuffer in use, FB_USED / (FB_USED + FB_FREE), 0..1; absent when the "
-        "total is 0 (unknown).",
-        f"{PACKED_SERIES}: both ratios and the device's pods in one number, for one query: "
-        f"round(1000 x util) x {UTIL_SCALE:,} + round(1000 x memory) x {MEMORY_SCALE:,} + pods (memory unknown: "
-        f"{MEMORY_UNKNOWN}; pods unknown: {PODS_UNKNOWN}; pods counted up to {PODS_MAX}).",
-        f"{NODE_SAMPLE_TIME_SERIES}: the newest sample's timestamp per node: how fresh the node's figures are, so "
-        "that a node whose exporter stopped is decided as a node without metrics instead of by old figures.",
-        "Screening: a value outside its metric's range (utilisation below 0 or above 100 %, an engine-active ratio "
-        "outside 0..1, a negative framebuffer) or NaN makes the device's figures NaN, and the readers leave that "
-        "node out, as they do with the raw series: a broken exporter must not make a busy GPU look idle.",
-    ]
-
-
-def recording_rules_file(group: Mapping[str, Any]) -> str:
-    """The rules file: the described comment block, then the group (YAML)."""
-    import textwrap
-
-    import yaml
-
-    comments = []
-    for paragraph in recording_rules_described():
-        comments += [f"# {line}" for line in textwrap.wrap(paragraph, 112)] + ["#"]
-    body = yaml.safe_dump({"groups": [dict(group)]}, sort_keys=False, width=1_000_000)
-    return "\n".join(comments[:-1]) + "\n" + body
-
-
-def recording_rules(node_labels: Iterable[str], matchers: str = "", interval: str = "") -> dict[str, Any]:
-    """The Prometheus rule group of the recorded form (what `gpufleet-extender recording-rules` prints and the
-    dcgm_exporter role installs): the one specification, in PromQL, of build_snapshot's device loads.
-
-    - UTIL_SERIES per device: DCGM_FI_DEV_GPU_UTIL / 100 for a whole GPU, else DCGM_FI_PROF_GR_ENGINE_ACTIVE;
-    - MEMORY_SERIES per device: FB_USED / (FB_USED + FB_FREE), absent when the total is 0;
-    - PACKED_SERIES per device: both as permille and the distinct pods (snapshot._pod_of: exported_pod before pod)
-      on its SAMPLE_TIME_METRIC series;
-    - NODE_SAMPLE_TIME_SERIES per node: the newest timestamp of SAMPLE_TIME_METRIC.
-
-    A value out of its metric's range (or NaN) makes the device's steps NaN, and a NaN stays NaN through the
-    packing, so the consumers' screening leaves the node out as it does with the raw series. Rules of a group
-    run in order: the packed rule reads the two steps before it, not the raw series again.
-
-    ``interval`` (a Prometheus duration) is how often the group is evaluated: the exporter's scrape interval, so
-    that the recorded loads lag a scrape at most. Without it Prometheus takes its global evaluation_interval (one
-    minute unless configured: longer than the default METRICS_MAX_AGE_SECONDS, every node would be stale).
-    """
-    node_labels = tuple(node_labels)
-    device = ", ".join((*node_labels, *DEVICE_LABELS))
-    gpu_util = _screened_avg(device, GPU_UTIL, matchers, 100, 'GPU_I_ID=""')
-    gr_active = _screened_avg(device, GR_ENGINE_ACTIVE, matchers, 1)
-    util = f"{gpu_util} / 100 or {gr_active}"
-    used = _screened_avg(device, FB_USED, matchers, None)
-    free = _screened_avg(device, FB_FREE, matchers, None)
-    # A total of 0 is filtered out (unknown: build_snapshot's mem None); a NaN total (a value out of range) passes
-    # `!= 0` and keeps the ratio NaN. Vector-vector operations are what the rules' evaluation costs: two here.
-    memory = f"{used} / ({used} + {free} != 0)"
-    # The pods come from SAMPLE_TIME_METRIC's series alone: dcgm-exporter labels every metric of a device with the
-    # same pod, and reading one metric instead of four is most of this rule's evaluation time.
-    with_pod = f'__name__="{SAMPLE_TIME_METRIC}"' + (f",{matchers}" if matchers else "")
-    exported = f'label_join({{{with_pod},exported_pod!=""}}, "gpufleet_pod", "/", "exported_namespace", "exported_pod")'
-    plain = f'label_join({{{with_pod},exported_pod="",pod!=""}}, "gpufleet_pod", "/", "namespace", "pod")'
-    pods = f"count by ({device}) (group by ({device}, gpufleet_pod) ({exported} or {plain}))"
-    packed = (
-        f"round(1000 * {UTIL_SERIES}) * {UTIL_SCALE}"
-        f" + (round(1000 * {MEMORY_SERIES}) or 0 * {UTIL_SERIES} + {MEMORY_UNKNOWN}) * {MEMORY_SCALE}"
-        f" + (clamp_max({pods}, {PODS_MAX}) or 0 * {UTIL_SERIES} + {PODS_UNKNOWN})"
-    )
-    selector = "{" + matchers + "}" if matchers else ""
-    sample_time = f"max by ({', '.join(node_labels)}) (timestamp({SAMPLE_TIME_METRIC}{selector}))"
-    return {
-        "name": RULE_GROUP,
-        **({"interval": interval} if interval else {}),
-        "rules": [
-            {"record": UTIL_SERIES, "expr": util},
-            {"record": MEMORY_SERIES, "expr": memory},
-            {"record": PACKED_SERIES, "expr": packed},
-            {"record": NODE_SAMPLE_TIME_SERIES, "expr": sample_time},
-        ],
-    }
-
-
-def recorded_queries() -> tuple[str, str]:
-    """(series query, sample-time query) of a refresh that reads the recorded form (PROMETHEUS_QUERY=recorded):
-    the rules pinned the exporter's job and namespace already."""
-    return PACKED_SERIES, NODE_SAMPLE_TIME_SERIES
-
-
-# When the rule group last wrote its last rule, one number. The recorded series change only when the group is
-# evaluated (every scrape interval; at thousands of nodes the evaluation alone outlasts a refresh), so a refresh
-# asks this first and reads the fleet's series only when the answer moved.
-RECORDED_EVALUATION_QUERY = f"max(timestamp({NODE_SAMPLE_TIME_SERIES}))"
-
-
-def evaluation_of(status: int, content: bytes) -> str:
-    """RECORDED_EVALUATION_QUERY's answer as Prometheus wrote it ("" for an empty vector: no recorded series yet)."""
-    vector = decode_vector(status, content)
-    try:
-        return str(vector[0]["value"][1]) if len(vector) == 1 else ""
-    except (KeyError, IndexError, TypeError):
-        return ""
-
-
-def decode_packed(labels: Mapping[str, str], value: float) -> list[Sample]:
-    """One packed series as the samples build_snapshot folds: the utilisation as GR_ENGINE_ACTIVE (which it reads
-    for a whole GPU without GPU_UTIL too) carrying the pod count, and the memory as FB_USED/FB_FREE in permille.
-    A value NaN, not a whole number or with a part out of range decodes as a NaN utilisation: screen_samples then
-    leaves the node out, as it does for a raw value out of range."""
-    util = mem = pods = -1
-    if math.isfinite(value) and value >= 0 and value == int(value):
-        util, rest = divmod(int(value), UTIL_SCALE)
-        mem, pods = divmod(rest, MEMORY_SCALE)
-    if not (0 <= util <= 1000 and (0 <= mem <= 1000 or mem == MEMORY_UNKNOWN) and 0 <= pods <= PODS_UNKNOWN):
-        return [Sample(GR_ENGINE_ACTIVE, labels, math.nan)]
-    samples = [Sample(GR_ENGINE_ACTIVE, labels, util / 1000, pods=None if pods == PODS_UNKNOWN else pods)]
-    if mem != MEMORY_UNKNOWN:
-        samples += [Sample(FB_USED, labels, float(mem)), Sample(FB_FREE, labels, float(1000 - mem))]
-    return samples
 
 
 def decode_vector(status: int, content: bytes) -> list[dict[str, Any]]:
@@ -532,13 +369,10 @@ class PrometheusSource:
         matchers: str = "",
         ca_file: Path | None = None,
         token_file: Path | None = None,
-        query: str = RAW,
         server_name: str = "",
     ):
         """``server_name``: the name Prometheus' certificate is checked against (and sent as SNI) when the URL
         reaches it by another one, as through a port-forward; '' takes the URL's host."""
-        if query not in QUERY_FORMS:
-            raise MetricsSourceError(f"PROMETHEUS_QUERY must be one of {', '.join(QUERY_FORMS)} (got {query!r})")
         verify: ssl.SSLContext | bool = True
         if ca_file is not None:
             try:
@@ -556,11 +390,7 @@ class PrometheusSource:
         self._clock = clock
         self._max_skew = max_skew
         self.report: FetchReport | None = None
-        self._recorded = query == RECORDED
-        self._series_query, self._times_query = (
-            recorded_queries() if self._recorded else prometheus_queries(node_labels, matchers)
-        )
-        self._evaluated = ""  # the rule group's evaluation the last snapshot was read after (recorded form)
+        self._series_query, self._times_query = prometheus_queries(node_labels, matchers)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -588,29 +418,20 @@ class PrometheusSource:
         return response.status_code, response.content
 
     async def fetch(self, version: int) -> MetricsSnapshot | None:
-        """The fleet's snapshot; with the recorded form, None when the rule group was not evaluated since the last
-        one (nothing in the answer would differ)."""
+        """The fleet's snapshot."""
         queried_at = self._clock()
         headers = self._headers()
-        evaluated = ""
         try:
             async with asyncio.timeout(self._timeout):
-                if self._recorded:
-                    evaluated = evaluation_of(*await self._query(RECORDED_EVALUATION_QUERY, headers))
-                    if evaluated and evaluated == self._evaluated:
-                        return None
                 series, times = await asyncio.gather(
                     self._query(self._series_query, headers), self._query(self._times_query, headers)
                 )
         except TimeoutError:
             raise MetricsSourceError(
-                f"Prometheus did not answer both queries within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)"
-                if not self._recorded
-                else f"Prometheus did not answer within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)",
+                f"Prometheus did not answer both queries within PROMETHEUS_TIMEOUT_SECONDS ({self._timeout:g}s)",
                 unreachable=True,
             ) from None
         snapshot, self.report = await asyncio.to_thread(self._decode_and_build, series, times, queried_at, version)
-        self._evaluated = evaluated
         return snapshot
 
     def _decode_and_build(
@@ -628,10 +449,7 @@ class PrometheusSource:
                 value = float(item["value"][1])
             except (KeyError, IndexError, TypeError, ValueError):
                 continue
-            if self._recorded:
-                samples.extend(decode_packed(labels, value))
-            else:
-                samples.append(Sample(labels.get("__name__", ""), labels, value))
+            samples.append(Sample(labels.get("__name__", ""), labels, value))
         node_times: dict[str, float] = {}
         for item in times:
             node = node_name_of(item.get("metric") or {}, self._node_labels)

@@ -28,11 +28,14 @@ from gpufleet_extender.config import (
     rule_problems,
     valid_rule_fields,
 )
+from gpufleet_extender.settings_contract import REMOVED
 from gpufleet_extender.settings_contract import SETTINGS as CONTRACT
 
 # Extender setting -> plugin argument, as the settings contract names them.
 ARG_NAMES = {setting.name: setting.arg for setting in CONTRACT.values()}
 SETTING_NAMES = {arg: setting for setting, arg in ARG_NAMES.items()}
+# Arguments the plugin took once -> the line a config that still sets one gets (the contract's "removed").
+REMOVED_ARGS = dict(REMOVED.values())
 # File settings that are unset in the plugin when empty (Go's zero value), where Settings would read "" as the path ".".
 UNSET_WHEN_EMPTY = frozenset(setting.name for setting in CONTRACT.values() if setting.type == "path")
 
@@ -80,6 +83,9 @@ def _decoded(args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     problems: list[str] = []
     for arg in sorted(args):
         setting = SETTING_NAMES.get(arg)
+        if arg in REMOVED_ARGS:
+            problems.append(f"{arg}: {REMOVED_ARGS[arg]}")
+            continue
         if setting is None:
             problems.append(f"{arg}: unknown argument")
             continue

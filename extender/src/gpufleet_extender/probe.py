@@ -36,7 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="the name Prometheus' certificate holds, when --url reaches it by another (a port-forward)",
     )
-    parser.add_argument("--query", default="raw", help="the readers' query form (PROMETHEUS_QUERY: raw or recorded)")
     add_exporter_arguments(parser)
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds for the whole refresh (default 5)")
     parser.add_argument(
@@ -46,11 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpufleet_extender.metrics_source import QUERY_FORMS
-
     try:
-        if args.query not in QUERY_FORMS:
-            raise ValueError(f"--query must be one of {', '.join(QUERY_FORMS)} (got {args.query!r})")
         secrets = _read_stdin()
     except ValueError as exc:
         print(f"gpufleet-extender probe-prometheus: {exc}", file=sys.stderr)
@@ -99,7 +94,6 @@ async def _probe(args: argparse.Namespace, secrets: dict[str, str]) -> dict[str,
                 matchers=exporter_matchers(args.exporter_job, args.exporter_namespace),
                 ca_file=files.get("ca"),
                 token_file=files.get("token"),
-                query=args.query,
                 server_name=args.server_name,
             )
         except MetricsSourceError:
@@ -117,6 +111,5 @@ async def _probe(args: argparse.Namespace, secrets: dict[str, str]) -> dict[str,
     age = snapshot.age(time.time()) if snapshot is not None else math.inf
     shown_age = None if math.isinf(age) else round(age, 1)
     if nodes == 0 and args.expect_series:
-        what = "recording-rule series (gpufleet:...)" if args.query == "recorded" else "dcgm series"
-        return _finding("no_series", f"Prometheus answers but holds no {what} of any GPU node")
+        return _finding("no_series", "Prometheus answers but holds no dcgm series of any GPU node")
     return _finding("ok", f"Prometheus answers: {nodes} GPU nodes", nodes, shown_age)

@@ -128,8 +128,15 @@ def load_resources(path: Path = CONTRACT_FILE) -> tuple[str, str]:
     return str(resources["wholeGPU"]), str(resources["migPrefix"])
 
 
+def load_removed(path: Path = CONTRACT_FILE) -> dict[str, tuple[str, str]]:
+    """Settings the extender and GPUScore took once, by name: (GPUScore's arg, the line a config that still sets
+    one gets, whatever its value)."""
+    return {name: (str(entry["arg"]), str(entry["why"])) for name, entry in _read(path).get("removed", {}).items()}
+
+
 SETTINGS = load()
 WHOLE_GPU_RESOURCE, MIG_RESOURCE_PREFIX = load_resources()
+REMOVED = load_removed()
 
 
 def default(name: str) -> Any:

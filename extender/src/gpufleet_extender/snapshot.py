@@ -32,9 +32,6 @@ class Sample(NamedTuple):
     labels: Mapping[str, str]
     value: float
     timestamp: float | None = None
-    # Pods holding the device, when the source counted them already (the recorded form,
-    # metrics_source.decode_packed) instead of giving one series per pod; None: counted from the pod labels.
-    pods: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +76,6 @@ class _DeviceAccumulator:
     fb_used: float | None = None
     fb_free: float | None = None
     pods: set[str] | None = None  # pods dcgm-exporter maps to the device; None: no series carried a pod label
-    counted_pods: int | None = None  # pods a recorded sample counted (Sample.pods)
 
 
 def _pod_of(labels: Mapping[str, str]) -> str | None:
@@ -158,9 +154,8 @@ def build_snapshot(
     node_labels = tuple(node_labels)
     devices: dict[tuple[str, str, str], _DeviceAccumulator] = {}
     sample_times: dict[str, float] = {}
-    # The series of one device often share one labels object (the recorded form's samples of a packed series, the
-    # push store's series): what the labels say is read once per object. The memo holds the object, so that its
-    # id is not reused by another while the fold runs.
+    # The series of one device often share one labels object (the push store's series): what the labels say is
+    # read once per object. The memo holds the object, so that its id is not reused by another while the fold runs.
     read: dict[int, tuple[Mapping[str, str], _DeviceAccumulator | None, str | None, str]] = {}
     for sample in samples:
         if sample.name not in DCGM_METRICS or not math.isfinite(sample.value):
@@ -185,8 +180,6 @@ def build_snapshot(
                 acc = devices[(node, gpu, instance)] = _DeviceAccumulator(gpu, profile)
             pod = _pod_of(labels)
             read[id(labels)] = (labels, acc, pod, node)
-        if sample.pods is not None:
-            acc.counted_pods = sample.pods
         if pod is not None:  # time-slicing: one series per pod sharing the device (dcgm-exporter's pod mapping)
             if acc.pods is None:
                 acc.pods = set()
@@ -221,7 +214,7 @@ def build_snapshot(
         mem = None
         if acc.fb_used is not None and acc.fb_free is not None and acc.fb_used + acc.fb_free > 0:
             mem = _clamp01(acc.fb_used / (acc.fb_used + acc.fb_free))
-        pods = len(acc.pods) if acc.pods is not None else acc.counted_pods
+        pods = len(acc.pods) if acc.pods is not None else None
         per_node.setdefault(node, {}).setdefault(resource, []).append(DeviceMetrics(key, _clamp01(util), mem, pods))
 
     times = dict(sample_times)

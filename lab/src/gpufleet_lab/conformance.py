@@ -14,7 +14,6 @@ Sections of the file (names of settings are the plugin's argument names, see ``A
 - ``auto``: a sequence of snapshots -> the fleet's mean load and ``ModeSelector``'s modes after each;
 - ``prometheus``: Prometheus query results (dcgm series, per-node sample times) -> the snapshot built from them;
 - ``requests``: pod containers' resources -> the GPU request;
-- ``recorded``: the same as ``prometheus`` for the recorded form (packed series per device, sample time per node);
 - ``claims``: a policy, a snapshot, ``auto`` modes and a placement score per node -> the load verdict of a DRA
   claim (``claim_load_verdict``) and GPUClaimScore's score (``claim_score``).
 
@@ -35,15 +34,7 @@ from typing import Any, TypedDict
 
 import msgspec
 from gpufleet_extender.config import MappingOnlySettings, Settings, SettingsError
-from gpufleet_extender.metrics_source import (
-    MEMORY_SCALE,
-    MEMORY_UNKNOWN,
-    PACKED_SERIES,
-    PODS_MAX,
-    PODS_UNKNOWN,
-    UTIL_SCALE,
-    PrometheusSource,
-)
+from gpufleet_extender.metrics_source import PrometheusSource
 from gpufleet_extender.plugin_args import ARG_NAMES as ARG_NAMES  # re-exported: the names the vectors use
 from gpufleet_extender.plugin_args import SETTING_NAMES, UNSET_WHEN_EMPTY, check_plugin_args
 from gpufleet_extender.pods import ResourceRequest, pod_gpu_request
@@ -356,7 +347,7 @@ def _prometheus(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
             if rng.random() < 0.7
         ]
         max_skew = rng.choice([5.0, 5.0, 0.0, 2.0])
-        yield _prometheus_case(node_labels, series, times, queried_at, max_skew, "raw")
+        yield _prometheus_case(node_labels, series, times, queried_at, max_skew)
 
 
 def _prometheus_case(
@@ -365,16 +356,15 @@ def _prometheus_case(
     times: list[dict[str, Any]],
     queried_at: float,
     max_skew: float,
-    query: str,
 ) -> dict[str, Any]:
-    """A case of the prometheus or recorded section: the answer, and the snapshot PrometheusSource builds of it a
+    """A case of the prometheus section: the answer, and the snapshot PrometheusSource builds of it a
     quarter of a second after the query."""
     now = queried_at + 0.25
 
     def clock() -> float:
         return now
 
-    source = PrometheusSource("http://127.0.0.1:9", node_labels, 1.0, clock=clock, max_skew=max_skew, query=query)
+    source = PrometheusSource("http://127.0.0.1:9", node_labels, 1.0, clock=clock, max_skew=max_skew)
     try:
         snapshot, _ = source._build(series, times, queried_at, 1)
     finally:
@@ -388,49 +378,6 @@ def _prometheus_case(
         "times": times,
         "expect": {"nodes": _encode_nodes(snapshot), "newestSample": snapshot.newest_sample},
     }
-
-
-def _packed_value(rng: random.Random) -> str:
-    """A value of gpufleet:dcgm_device:packed as Prometheus writes it: mostly what the rule makes (sentinels
-    included), sometimes what a broken rule or exporter would (NaN, infinite, negative, fractional, a part out of
-    range), which must leave the node out."""
-    roll = rng.random()
-    if roll < 0.06:
-        return rng.choice(["NaN", "+Inf", "-1", "5000421002.5", "10010000000", "5001002000", "1e20"])
-    util = rng.choice([0, 1000, rng.randint(0, 1000)])
-    memory = rng.choice([MEMORY_UNKNOWN, 0, 1000, rng.randint(0, 1000)])
-    pods = rng.choice([PODS_UNKNOWN, 0, PODS_MAX, rng.randint(0, 4)])
-    return str(util * UTIL_SCALE + memory * MEMORY_SCALE + pods)
-
-
-def _recorded(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
-    """PROMETHEUS_QUERY=recorded: the packed series and per-node sample times -> the snapshot."""
-    node_labels = ("Hostname", "hostname")
-    profiles = {"1g.10gb": 7, "2g.20gb": 3, "3g.40gb": 2}
-    for case in range(count):
-        queried_at = 1_770_000_000.0 + case
-        series: list[dict[str, Any]] = []
-        nodes = [f"dgx-{i}" for i in range(rng.randint(1, 4))]
-        for node in nodes:
-            host = {rng.choice(node_labels): node}
-            for gpu in range(rng.randint(1, 3)):
-                ident = {"gpu": str(gpu), "UUID": f"GPU-{node}-{gpu}"}
-                devices: list[dict[str, str]] = [{}]
-                if rng.random() < 0.6:
-                    profile = rng.choice(list(profiles))
-                    devices = [{"GPU_I_ID": str(i + 1), "GPU_I_PROFILE": profile} for i in range(profiles[profile])]
-                    if rng.random() < 0.3:
-                        devices.append({})  # the split GPU's own row: not a whole GPU to hand out
-                for device in devices:
-                    labels = {"__name__": PACKED_SERIES, **host, **ident, **device}
-                    series.append({"metric": labels, "value": [queried_at, _packed_value(rng)]})
-        rng.shuffle(series)
-        times = [
-            {"metric": {rng.choice(node_labels): node}, "value": [queried_at, repr(queried_at - rng.choice([1, 9.5]))]}
-            for node in nodes
-            if rng.random() < 0.8
-        ]
-        yield _prometheus_case(node_labels, series, times, queried_at, 5.0, "recorded")
 
 
 def _requests(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
@@ -563,9 +510,9 @@ def _args_cases(rng: random.Random, count: int) -> Iterator[dict[str, Any]]:
         {"prometheusCAFile": "", "prometheusTokenFile": ""},
         {"prometheusCAFile": None, "prometheusTokenFile": None},
         {"prometheusCAFile": 3, "prometheusTokenFile": ["/token"], "prometheusURL": "https://p:9090"},
+        # Removed: what replaced it, whatever the value.
         {"prometheusQuery": "recorded"},
-        {"prometheusQuery": "raw"},
-        {"prometheusQuery": "packed"},
+        {"prometheusQuery": "raw", "gpuUtilThreshold": 1.5},
         {"prometheusQuery": 1},
         {"sharedMemFreeMin": 1.0},
         {"sharedMemFreeMin": -0.01, "sharedResources": {"nvidia.com/mig-1g.10gb": 4}},
@@ -619,7 +566,6 @@ def build(seed: int = SEED) -> dict[str, list[dict[str, Any]]]:
         "prometheus": list(_prometheus(rng, 14)),
         "requests": list(_requests(rng, 60)),
         "claims": list(_claims(rng, 45)),
-        "recorded": list(_recorded(rng, 8)),
     }
 
 

@@ -29,9 +29,8 @@ ROLES = [
 ]
 # Configuration files rendered beside the manifests for review: not API objects.
 NOT_API_OBJECTS = {"KubeSchedulerConfiguration", "DeschedulerPolicy"}
-# cert-manager's kinds (the extender's TLS) and the Prometheus Operator's (dcgm_exporter's recording rules): the test
-# apiserver has none of their CRDs to check them against (tests/roles/test_dcgm_exporter.py checks the
-# PrometheusRule's content).
+# cert-manager's kinds (the extender's TLS) and the Prometheus Operator's (the monitoring role's alert rules,
+# dcgm-exporter's ServiceMonitor): the test apiserver has none of their CRDs to check them against.
 CRD_KINDS = {"Certificate", "Issuer", "PrometheusRule", "ServiceMonitor"}
 
 

@@ -171,7 +171,6 @@ def test_the_scheduler_image_starts_on_the_rendered_configuration_and_binds_a_po
                 "prometheusTokenFile": str(prometheus.token_file),
                 "metricsRefreshSeconds": 1,
             },
-            gpufleet_metrics_recording_rules=False,
         )
         _embedded_kubeconfig(control_plane, mounted / "kubeconfig")
         config["clientConnection"] = {**config.get("clientConnection", {}), "kubeconfig": str(mounted / "kubeconfig")}

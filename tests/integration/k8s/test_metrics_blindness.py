@@ -89,7 +89,6 @@ def test_the_plugin_shows_blindness_in_its_metric_an_event_and_its_log(control_p
             "prometheusTimeoutSeconds": TIMEOUT,
             "metricsRefreshSeconds": 1,
         },
-        gpufleet_metrics_recording_rules=False,  # the fleet's Prometheus holds the raw series only
     )
     scheduler = config["profiles"][0]["schedulerName"]
     name = control_plane.start_scheduler(

@@ -56,8 +56,6 @@ def _plugin_scheduler(control_plane, prometheus, tmp_path, **role_vars):
             "prometheusTokenFile": str(prometheus.token_file),
             "metricsRefreshSeconds": 1,
         },
-        # the fake Prometheus answers with raw dcgm series, not the recording rules' (prometheusQuery recorded)
-        gpufleet_metrics_recording_rules=False,
         **role_vars,
     )
     profile = config["profiles"][0]

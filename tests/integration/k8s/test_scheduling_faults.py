@@ -299,7 +299,6 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
         tmp_path / "render-gpuscore",
         kube_scheduler_mode="plugin",
         kube_scheduler_prometheus_allow_http=True,
-        gpufleet_metrics_recording_rules=False,  # the raw series: this Prometheus has no recording rules
         kube_scheduler_plugin_extra_args={
             "prometheusURL": prometheus.url,
             "prometheusTokenFile": str(token),

@@ -67,7 +67,7 @@ class Fleet:
 
     @property
     def devices(self) -> int:
-        """Whole GPUs and MIG instances: the series each recording rule writes per device."""
+        """Whole GPUs and MIG instances: the devices a decision weighs."""
         return sum(sum(len(p) if p else 1 for p in LAYOUTS[pool]) for pool in self.pools.values())
 
 
@@ -143,9 +143,8 @@ class FleetExporter:
 
 class FleetPrometheus:
     """A real Prometheus on 127.0.0.1 scraping a FleetExporter's shards (job dcgm-exporter, namespace
-    EXPORTER_NAMESPACE) every `interval` s, evaluating `rules` (a rule group, as
-    metrics_source.recording_rules gives it) as often when given, and sending to `remote_write`'s receivers;
-    `__enter__` returns its URL once every series of the fleet is in (and every device's recorded series)."""
+    EXPORTER_NAMESPACE) every `interval` s, sending to `remote_write`'s receivers, evaluating the rule group `rules`
+    (a benchmark's comparison) when given; `__enter__` returns its URL once every series of the fleet is in."""
 
     def __init__(
         self,
@@ -153,12 +152,12 @@ class FleetPrometheus:
         workdir: Path,
         binary: str = "/usr/bin/prometheus",
         interval: int = 30,
-        rules: dict | None = None,
         remote_write: list[dict] | None = None,
+        rules: dict | None = None,
     ):
         self.fleet, self.workdir, self.binary, self.interval = fleet, workdir, binary, interval
-        self.rules = rules
         self.remote_write = remote_write  # a remote_write list (push_config.remote_write) sent to as it scrapes
+        self.rules = rules
         self.process: subprocess.Popen | None = None
         self.exporter: FleetExporter | None = None
         self.port = 0
@@ -173,7 +172,7 @@ class FleetPrometheus:
         config = self.workdir / "prometheus.yml"
         rule_files = ""
         if self.rules is not None:
-            rules_file = self.workdir / "recorded.rules.yml"
+            rules_file = self.workdir / "rules.yml"
             rules_file.write_text(json.dumps({"groups": [self.rules]}))  # JSON is YAML
             rule_files = f"rule_files: [{json.dumps(str(rules_file))}]\n"
         config.write_text(
@@ -187,10 +186,6 @@ class FleetPrometheus:
         url = self.url
         log = self.workdir / "prometheus.log"
         wanted = [('count({job="dcgm-exporter"})', self.fleet.series)]
-        if self.rules is not None:  # the rules' last evaluation saw every series
-            for rule in self.rules["rules"]:  # one series per device, or per node
-                per_node = "node" in rule["record"]
-                wanted.append((f"count({rule['record']})", len(self.fleet.nodes) if per_node else self.fleet.devices))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError, KeyError, IndexError, ValueError):

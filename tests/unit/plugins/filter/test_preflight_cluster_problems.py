@@ -16,7 +16,6 @@ READER = {
     "secret": "gpufleet-extender-prometheus",
     "ca_config_map": "prometheus-ca",
     "ca_key": "ca.crt",
-    "query": "recorded",
     "exporter_job": "dcgm-exporter",
     "exporter_namespace": "",
     "secret_found": True,
@@ -53,7 +52,7 @@ def found(kind: str, message: str = "what the probe said") -> str:
         (
             "no_series",
             "what the probe said, though dcgm-exporter runs: check that Prometheus scrapes it (job "
-            "dcgm-exporter, namespace any) and loads the collection's recording rules",
+            "dcgm-exporter, namespace any)",
         ),
     ],
 )
@@ -72,11 +71,6 @@ def test_an_answer_is_no_problem_and_the_override_url_is_the_one_named():
 def test_a_token_given_in_a_variable_is_named_as_such():
     (line,) = problems({**READER, "token_given": True, "secret_found": False, "stdout": found("credential")})
     assert "refused the token in gpu_extender_prometheus_token" in line
-
-
-def test_the_raw_form_asks_for_the_scrape_alone():
-    (line,) = problems({**READER, "query": "raw", "stdout": found("no_series")})
-    assert "recording rules" not in line
 
 
 def test_a_missing_ca_config_map_is_named_and_nothing_probed():
