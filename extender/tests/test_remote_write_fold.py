@@ -267,3 +267,20 @@ def test_an_infinite_framebuffer_counts_as_no_framebuffer_reading_as_in_the_pull
     ]
     (device,) = _fold_once(series)["node-a"].devices["nvidia.com/gpu"]
     assert (device.util, device.mem) == (0.4, None)
+
+
+def test_series_gone_for_good_are_forgotten_and_come_back_as_new():
+    # Churning labels (pods come and go): series without a sample leave the store's caches at an expiry.
+    store = SampleStore(NODE_LABELS, JOB, NAMESPACE)
+    store.max_forgotten = 0
+    source = PushSource(store, NODE_LABELS, clock=lambda: NOW, max_skew=SKEW, await_fleet=False)
+    store.write(body(_node("node-a", BASE_MS) + _node("node-b", BASE_MS) + _node("node-c", BASE_MS)))
+    gone = _node("node-a", 0) + _node("node-c", 0)
+    store.write(body([(labels, [(stale_nan(), BASE_MS + 1)]) for labels, _ in gone]))
+    store.expire(BASE_MS)  # nothing old enough; the stale series, more than the live ones, are forgotten
+    assert len(store._records) == store.series == len(_node("node-b", 0))
+    assert set(asyncio.run(source.fetch(1)).nodes) == {"node-b"}
+    store.write(body(_node("node-a", BASE_MS + 2, gr=0.25)))
+    snapshot = asyncio.run(source.fetch(2))
+    assert dict(snapshot.nodes) == reference(store.samples())[0]
+    assert [d.util for d in snapshot.nodes["node-a"].devices["nvidia.com/mig-2g.20gb"]] == [0.25, 0.25]

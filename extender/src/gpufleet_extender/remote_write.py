@@ -272,7 +272,8 @@ def _gc_paused() -> Iterator[None]:
 
 
 class SampleStore:
-    """node -> series -> the newest sample, fed by remote writes (``write``) and read by ``PushSource``.
+    """node -> device -> series -> the newest sample, fed by remote writes (``write``: decode, then apply, each device
+    a sample changed queued) and read by ``PushSource`` (``fold``: the queued devices folded, their nodes made again).
 
     ``write`` runs in the receiver's worker thread and ``fold`` in the refresh's: a lock keeps them apart.
     """
@@ -291,6 +292,7 @@ class SampleStore:
         self._lock = threading.Lock()
         self.first_sample = threading.Event()  # set once a sample is kept: until then the store knows no node
         self.max_cached = 4_000_000  # label caches beyond this are dropped and rebuilt (churning labels)
+        self.max_forgotten = 100_000  # series without a sample kept beyond the live ones before they are forgotten
 
     @property
     def series(self) -> int:
@@ -520,7 +522,7 @@ class SampleStore:
                     for series in [s for s in device.series if s[_STAMP] < oldest]:
                         self._detach(series)
                         dropped += 1
-            if len(self._records) - self._live > max(self._live, 100_000):
+            if len(self._records) - self._live > max(self._live, self.max_forgotten):
                 self._forget()
         return dropped
 
