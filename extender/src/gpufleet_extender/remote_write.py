@@ -360,9 +360,15 @@ class SampleStore:
                 end = pos + length
                 if end > end_of_data:
                     raise Refused(MALFORMED, "not a WriteRequest: a series runs past the end")
-                # The usual framing: the labels, then one sample {0x09 value, 0x10 timestamp of 6 varint bytes}.
+                # The usual framing: the labels, then one sample {0x09 value, 0x10 timestamp of 6 varint bytes}, or
+                # {0x10 timestamp} alone for a value of 0 (proto3 leaves a field at its default out: an idle device).
                 cut = end - 18
+                value: float | None = None
                 if cut >= pos and startswith(b"\x12\x10\x09", cut) and data[cut + 11] == 0x10:
+                    value = unpack_double(data, cut + 3)[0]
+                elif end - 9 >= pos and startswith(b"\x12\x07\x10", end - 9):
+                    cut, value = end - 9, 0.0
+                if value is not None:
                     tail = data[end - 6 : end]
                     stamp = stamps.get(tail)
                     if stamp is None:
@@ -376,7 +382,7 @@ class SampleStore:
                         if series is not None:
                             if series is _NO_NAME:
                                 raise Refused(MALFORMED, "a series without __name__")
-                            append((series, unpack_double(data, cut + 3)[0], stamp))
+                            append((series, value, stamp))
                             pos = end
                             continue
                 self._decode_series(data[pos:end], append)
