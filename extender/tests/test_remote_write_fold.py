@@ -2,9 +2,10 @@
 
 The property: after any sequence of writes (new series, updates, samples out of order, stale markers, a node's
 series all going, series expiring, values out of range, NaN, infinities, samples from the future, pods sharing a
-device, whole GPUs beside MIG instances), every fetch's snapshot holds, node by node, what screen_samples,
-build_snapshot and drop_future_nodes make of the samples the store holds at that moment; and a store fed the same
-writes and folded once reports the same findings as screen_samples over those samples.
+device, whole GPUs beside MIG instances), the store holds per series its newest sample (a model of the rules says
+which), every fetch's snapshot holds, node by node, what screen_samples, build_snapshot and drop_future_nodes make of
+the samples the store holds at that moment, and a store fed the same writes and folded once reports the same
+findings as screen_samples over those samples.
 """
 
 from __future__ import annotations
