@@ -20,9 +20,9 @@ Measured with the process' CPU time (time.process_time), the receiver in this pr
 - pull: the pull form's refresh on a canned Prometheus answer of the same fleet (PROMETHEUS_QUERY=raw: one series
   per metric and device with the labels the decision reads, one sample time per node): PrometheusSource's JSON
   decode and build, as each refresh pays it.
-Over HTTP (--http): gpufleet-extender serve itself, fed on 127.0.0.1 in the benchmark's own process, a first
+Over HTTP (--http): gpufleet-extender serve itself in a process of its own, fed on 127.0.0.1 by this one, a first
 interval of cold devices and then one of hot devices, the server's CPU for the second (HTTP, receive, every
-refresh's fold) and the delay from its last request answered to no node being stale.
+refresh's fold) and the delay from its last request answered to the snapshot holding every sample sent.
 % of one core is per scrape interval (--interval, 15 s). A figure is printed only when the snapshot after the run
 holds every device of the fleet (over HTTP: with its new sample, every node refused by /filter as hot).
 """
