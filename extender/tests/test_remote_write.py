@@ -346,27 +346,12 @@ def test_the_decoder_refuses_what_is_not_a_write_request():
     assert TimeSeries.FromString(b"").labels == []  # the runtime classes are there
 
 
-def test_a_node_is_taken_once_its_scrape_is_whole_or_has_settled():
-    store = SampleStore(("Hostname",))
-    series = remote_write_series({"node-a": FLEET["node-a"]}, 0)
-    first = [series_field(labels, [(1.0, 1_000)]) for labels, _ in series]
-    store.write(b"".join(first))
-    assert set(store.take_changed(settle=60)[0]) == {"node-a"}  # one timestamp throughout: whole
-    # The next scrape: half of its series so far (another shard holds the rest).
-    second = [series_field(labels, [(2.0, 16_000)]) for labels, _ in series]
-    store.write(b"".join(second[:3]))
-    assert store.take_changed(settle=60) == ({}, set())
-    assert set(store.take_changed(settle=0)[0]) == {"node-a"}  # settled: taken as it is
-    store.write(b"".join(second[3:]))
-    taken, _ = store.take_changed(settle=60)
-    assert {sample.value for sample in taken["node-a"]} == {2.0}
-
-
 def test_known_series_in_prometheus_framing_take_the_fast_path(monkeypatch):
     # One sample per series at a millisecond timestamp of this century: read without the protobuf runtime once the
     # labels are known (the benchmark's figures depend on it).
     store = SampleStore(("Hostname",))
-    data = b"".join(series_field(labels, samples) for labels, samples in remote_write_series(FLEET, now_ms()))
+    series = remote_write_series({**FLEET, "node-idle": gpus(0.0, mem_used_mib=0.0)}, now_ms())  # 0: no value field
+    data = b"".join(series_field(labels, samples) for labels, samples in series)
     store.decode(data)
 
     def runtime(*args: Any) -> None:
@@ -374,7 +359,7 @@ def test_known_series_in_prometheus_framing_take_the_fast_path(monkeypatch):
 
     monkeypatch.setattr(store, "_decode_series", runtime)
     monkeypatch.setattr(store, "_learn", runtime)
-    assert len(store.decode(data)) == 5 * 3
+    assert [value for _, value, _ in store.decode(data)] == [samples[0][0] for _, samples in series]
 
 
 _VALID = b"".join(series_field(labels, samples) for labels, samples in remote_write_series(FLEET, 1_796_000_000_000))

@@ -3,9 +3,11 @@
 Prometheus sends the dcgm series it scrapes, as it scrapes them, to a receiver on a listener of its own
 (REMOTE_WRITE_ADDRESS, apart from the port kube-scheduler calls): POST, ``Content-Encoding: snappy``,
 ``Content-Type: application/x-protobuf``, the body a snappy *block* of ``prometheus.WriteRequest``. The receiver keeps
-the newest sample of every series the decision reads (``SampleStore``); ``PushSource`` folds the nodes that changed
-into a MetricsSnapshot with the pull form's own screening (``screen_samples``, ``build_snapshot``,
-``drop_future_nodes``), so both forms decide alike on the same samples.
+the newest sample of every series the decision reads (``SampleStore``), grouped by node and device; each refresh
+(``PushSource``) folds again the devices that got a sample since the last one and makes their nodes again, by the
+pull form's rules (``screen_samples``, ``build_snapshot``, ``drop_future_nodes``: ``fold_device``, ``node_metrics``
+say where and how they are followed), so both forms decide alike on the same samples, and an interval costs the
+devices it changed rather than a build of the whole fleet.
 
 Answers (the same statuses and reasons as the GPUScore plugin's receiver): 204 written; 401 without the bearer
 token of REMOTE_WRITE_TOKEN_FILE (``unauthenticated``); 415 another content type or encoding (``unsupported_media``);
@@ -45,13 +47,16 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
+from operator import attrgetter
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import cramjam
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from gpufleet_extender.metrics_source import (
+    _VALID_RANGE,
     DECISION_LABELS,
     DEFAULT_MAX_CLOCK_SKEW,
     FetchReport,
@@ -59,13 +64,16 @@ from gpufleet_extender.metrics_source import (
     drop_future_nodes,
     screen_samples,
 )
+from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
 from gpufleet_extender.snapshot import (
     DCGM_METRICS,
     EMPTY_SNAPSHOT,
+    DeviceMetrics,
     MetricsSnapshot,
     NodeMetrics,
     Sample,
-    build_snapshot,
+    _clamp01,
+    _pod_of,
     keep_unchanged,
     node_name_of,
     snapshot_of,
@@ -79,8 +87,6 @@ MAX_BODY_BYTES = MAX_DECODED_BYTES  # a snappy block of a WriteRequest is severa
 # Series a sender stopped writing without a stale marker (a restarted Prometheus sends none) leave the store after
 # this long: Prometheus' lookback, after which an instant query (the pull form) no longer returns them either.
 SERIES_LOOKBACK_SECONDS = 300.0
-# A node with samples of two scrapes at once (some of its series not written yet) is rebuilt after this long anyway.
-SETTLE_SECONDS = 5.0
 # A receiver just started waits this long at most for its first pushed sample (about one scrape interval and
 # Prometheus' send deadline), then until no new node has come for this long, before its first snapshot: as GPUScore.
 FIRST_SAMPLE_WAIT_SECONDS = 30.0
@@ -180,8 +186,11 @@ def stale_nan() -> float:
 
 # --- the store -----------------------------------------------------------------------------------------------------
 
-# A series the store holds: a list, updated in place (the same object the label cache and the node's dict hold).
-_NODE, _IDENT, _NAME, _LABELS, _VALUE, _STAMP, _LIVE = range(7)
+# A series the store holds: a list, updated in place (the same object the label cache and its node hold): its node's
+# name, the hash of its labels, the metric's name, the labels the decision reads, the newest sample (value, timestamp
+# in ms), what the fold reads of its labels (the metric's index in DCGM_METRICS, the device as (gpu, GPU_I_ID), the
+# MIG profile, the pod: snapshot._pod_of), and the _Device it is folded into while it holds a sample (else None).
+_NODE, _IDENT, _NAME, _LABELS, _VALUE, _STAMP, _METRIC, _DEVICE, _PROFILE, _POD, _HOME = range(11)
 _IGNORED: list[Any] = []  # a series the decision does not read (another metric, job or namespace, no node label)
 _NO_NAME: list[Any] = []  # a series without __name__: the whole write is malformed
 
@@ -196,6 +205,7 @@ class WriteResult:
 
 _unpack_double = struct.Struct("<d").unpack_from
 _unpack_bits = struct.Struct("<Q").unpack_from
+_pack_double = struct.Struct("<d").pack
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -211,6 +221,22 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise Refused(MALFORMED, "not a WriteRequest: a varint longer than 10 bytes")
+
+
+def _six_byte_varint(tail: bytes) -> int:
+    """The value of a varint of exactly six bytes (a timestamp in ms of this century), or -1 when ``tail`` is not
+    one: the bytes read as one little-endian word, continuation bits checked and dropped."""
+    word = int.from_bytes(tail, "little")
+    if word & 0x808080808080 != 0x008080808080:
+        return -1
+    return (
+        word & 0x7F
+        | word >> 1 & 0x3F80
+        | word >> 2 & 0x1FC000
+        | word >> 3 & 0xFE00000
+        | word >> 4 & 0x7F0000000
+        | word >> 5 & 0x3F800000000
+    )
 
 
 def _skip_field(data: bytes, pos: int, wire: int) -> int:
@@ -246,9 +272,10 @@ def _gc_paused() -> Iterator[None]:
 
 
 class SampleStore:
-    """node -> series -> the newest sample, fed by remote writes (``write``) and read by ``PushSource``.
+    """node -> device -> series -> the newest sample, fed by remote writes (``write``: decode, then apply, each device
+    a sample changed queued) and read by ``PushSource`` (``fold``: the queued devices folded, their nodes made again).
 
-    ``write`` runs in the receiver's worker thread and ``take_changed`` in the refresh's: a lock keeps them apart.
+    ``write`` runs in the receiver's worker thread and ``fold`` in the refresh's: a lock keeps them apart.
     """
 
     def __init__(self, node_labels: tuple[str, ...], job: str = "", namespace: str = "") -> None:
@@ -256,17 +283,20 @@ class SampleStore:
         self._pinned = tuple((label, value) for label, value in (("job", job), ("namespace", namespace)) if value)
         self._kept = tuple(dict.fromkeys((*node_labels, *DECISION_LABELS)))
         self._wanted = frozenset(DCGM_METRICS)
-        self._nodes: dict[str, dict[int, list[Any]]] = {}
+        self._nodes: dict[str, _Node] = {}  # the nodes with a series holding a sample
+        self._records: dict[int, list[Any]] = {}  # hash of a series' labels -> the series, with a sample or not
+        self._live = 0  # series holding a sample
         self._by_labels: dict[int, list[Any]] = {}  # hash of a series' labels bytes -> the series (or a verdict)
         self._shared: dict[tuple[str, ...], dict[str, str]] = {}  # a device's decision labels, one object
-        self._changed: dict[str, float] = {}  # node -> when its first sample not yet in a snapshot came (monotonic)
+        self._dirty: list[_Device] = []  # devices with a sample not folded yet (``fold``)
         self._lock = threading.Lock()
         self.first_sample = threading.Event()  # set once a sample is kept: until then the store knows no node
         self.max_cached = 4_000_000  # label caches beyond this are dropped and rebuilt (churning labels)
+        self.max_forgotten = 100_000  # series without a sample kept beyond the live ones before they are forgotten
 
     @property
     def series(self) -> int:
-        return sum(len(per_node) for per_node in self._nodes.values())
+        return self._live
 
     # The verdict on a series from its labels (cached by the hash of their bytes).
     def _series_of(self, labels: Mapping[str, str]) -> list[Any]:
@@ -279,7 +309,7 @@ class SampleStore:
         if node is None:
             return _IGNORED
         ident = hash(tuple(sorted(labels.items())))
-        held = self._nodes.get(node, {}).get(ident)
+        held = self._records.get(ident)  # one series for one set of labels, however its bytes were framed
         if held is not None:
             return held
         # Interned: every series of a node, a GPU or a metric holds the same string, not a copy of its own.
@@ -287,7 +317,23 @@ class SampleStore:
         kept = {label: sys.intern(labels[label]) for label in self._kept if label in labels}
         # The series of one device share one labels object: less memory, and build_snapshot reads it once.
         kept = self._shared.setdefault(tuple(chain.from_iterable(kept.items())), kept)
-        return [node, ident, name, kept, math.nan, -1, False]
+        gpu = sys.intern(labels.get("gpu") or labels.get("UUID") or "")
+        instance = sys.intern(labels.get("GPU_I_ID", ""))
+        profile = sys.intern(labels.get("GPU_I_PROFILE", "")) if instance else ""
+        series = self._records[ident] = [
+            node,
+            ident,
+            name,
+            kept,
+            math.nan,
+            -1,
+            DCGM_METRICS.index(name),
+            (gpu, instance),
+            profile,
+            _pod_of(labels),
+            None,
+        ]
+        return series
 
     def decode(self, data: bytes) -> list[tuple[list[Any], float, int]]:
         """The samples of a decoded WriteRequest as (series, value, timestamp ms), in order, without changing
@@ -295,8 +341,9 @@ class SampleStore:
         updates: list[tuple[list[Any], float, int]] = []
         append = updates.append
         cache = self._by_labels
+        stamps: dict[bytes, int] = {}  # a request holds a few scrapes' timestamps, each read once
         unpack_double = _unpack_double
-        startswith, from_bytes = data.startswith, int.from_bytes
+        startswith = data.startswith
         pos, end_of_data = 0, len(data)
         while pos < end_of_data:
             tag = data[pos]
@@ -313,12 +360,20 @@ class SampleStore:
                 end = pos + length
                 if end > end_of_data:
                     raise Refused(MALFORMED, "not a WriteRequest: a series runs past the end")
-                # The usual framing: the labels, then one sample {0x09 value, 0x10 timestamp of 6 varint bytes}:
-                # the timestamp's bytes read as one little-endian word, continuation bits checked and dropped.
+                # The usual framing: the labels, then one sample {0x09 value, 0x10 timestamp of 6 varint bytes}, or
+                # {0x10 timestamp} alone for a value of 0 (proto3 leaves a field at its default out: an idle device).
                 cut = end - 18
+                value: float | None = None
                 if cut >= pos and startswith(b"\x12\x10\x09", cut) and data[cut + 11] == 0x10:
-                    word = from_bytes(data[end - 6 : end], "little")
-                    if word & 0x808080808080 == 0x008080808080:
+                    value = unpack_double(data, cut + 3)[0]
+                elif end - 9 >= pos and startswith(b"\x12\x07\x10", end - 9):
+                    cut, value = end - 9, 0.0
+                if value is not None:
+                    tail = data[end - 6 : end]
+                    stamp = stamps.get(tail)
+                    if stamp is None:
+                        stamp = stamps[tail] = _six_byte_varint(tail)
+                    if stamp >= 0:
                         region = data[pos:cut]
                         key = hash(region)
                         series = cache.get(key)
@@ -327,15 +382,7 @@ class SampleStore:
                         if series is not None:
                             if series is _NO_NAME:
                                 raise Refused(MALFORMED, "a series without __name__")
-                            stamp = (
-                                word & 0x7F
-                                | word >> 1 & 0x3F80
-                                | word >> 2 & 0x1FC000
-                                | word >> 3 & 0xFE00000
-                                | word >> 4 & 0x7F0000000
-                                | word >> 5 & 0x3F800000000
-                            )
-                            append((series, unpack_double(data, cut + 3)[0], stamp))
+                            append((series, value, stamp))
                             pos = end
                             continue
                 self._decode_series(data[pos:end], append)
@@ -384,73 +431,111 @@ class SampleStore:
         return result
 
     def _apply(self, updates: list[tuple[list[Any], float, int]]) -> WriteResult:
-        result = WriteResult()
-        nodes, changed = self._nodes, self._changed
-        now = time.monotonic()
+        """The decoded samples into their series, in order; each device a sample changed is queued for the fold."""
+        accepted = out_of_order = removed = ignored = 0
+        dirty = self._dirty
         for series, value, stamp in updates:
             if series is _IGNORED:
-                result.ignored += 1
+                ignored += 1
                 continue
             if stamp < series[_STAMP]:
-                result.out_of_order += 1
+                out_of_order += 1
                 continue
             series[_STAMP] = stamp
-            if value != value and _unpack_bits(struct.pack("<d", value))[0] == STALE_NAN_BITS:
-                if series[_LIVE]:
-                    series[_LIVE] = False
-                    del nodes[series[_NODE]][series[_IDENT]]
-                    changed.setdefault(series[_NODE], now)
-                    result.removed += 1
+            device = series[_HOME]
+            if value != value and _unpack_bits(_pack_double(value))[0] == STALE_NAN_BITS:
+                if device is not None:
+                    self._detach(series)
+                    removed += 1
                 continue
             series[_VALUE] = value
-            if not series[_LIVE]:
-                series[_LIVE] = True
-                nodes.setdefault(series[_NODE], {})[series[_IDENT]] = series
-            node = series[_NODE]
-            if node not in changed:
-                changed[node] = now
-            result.accepted += 1
-        return result
+            if device is None:
+                device = self._attach(series)
+            if not device.dirty:
+                device.dirty = True
+                dirty.append(device)
+            accepted += 1
+        return WriteResult(accepted, out_of_order, removed, ignored)
 
-    def take_changed(self, settle: float = 0.0) -> tuple[dict[str, list[Sample]], set[str]]:
-        """The samples of the nodes changed since they were last taken, and those nodes (nodes without samples left
-        are among them, absent from the first). A node is taken once every series of it holds a sample of the same
-        scrape (one timestamp: Prometheus stamps a target's scrape once), or ``settle`` seconds after its first
-        change: Prometheus' shards deliver a node's scrape in several requests, and a node rebuilt for each would cost
-        its build several times per interval."""
-        now = time.monotonic()
-        with self._lock, _gc_paused():  # a Sample per series: the GC would walk the store again and again
-            taken: set[str] = set()
-            out: dict[str, list[Sample]] = {}
-            for node, since in self._changed.items():
-                per_node = self._nodes.get(node)
-                if not per_node:
-                    self._nodes.pop(node, None)
-                    taken.add(node)
+    def _attach(self, series: list[Any]) -> _Device:
+        """A series that had no sample (new, or removed by a stale marker or the lookback) into its node and device."""
+        name = series[_NODE]
+        node = self._nodes.get(name)
+        if node is None:
+            node = self._nodes[name] = _Node(name)
+        device = node.devices.get(series[_DEVICE])
+        if device is None:
+            gpu, instance = series[_DEVICE]
+            device = node.devices[series[_DEVICE]] = _Device(node, gpu, instance, series[_PROFILE])
+        device.series.append(series)
+        series[_HOME] = device
+        self._live += 1
+        return device
+
+    def _detach(self, series: list[Any]) -> None:
+        """A series out of its node and device (a stale marker, the lookback); its device is folded again (and left
+        out of the node by the fold once it has no series)."""
+        device: _Device = series[_HOME]
+        series[_HOME] = None
+        device.series.remove(series)
+        self._live -= 1
+        if not device.dirty:
+            device.dirty = True
+            self._dirty.append(device)
+
+    def fold(self) -> tuple[dict[str, NodeMetrics | None], list[Sample]]:
+        """Fold the devices changed since the last fold and make their nodes again: {node: NodeMetrics, or None for a
+        node left out of the snapshot or gone from the store}, and the samples of those nodes that screen_samples
+        would report on (a value out of range, a duplicate series), for the report. Invariant: after a fold, every
+        node's NodeMetrics equals what screen_samples and build_snapshot make of the store's samples of it, the
+        highest of a device's series of one metric counting where build_snapshot keeps its last one."""
+        with self._lock, _gc_paused():  # hundreds of thousands of objects: the GC would walk the store again and again
+            dirty, self._dirty = self._dirty, []
+            touched: dict[str, _Node] = {}
+            for device in dirty:
+                device.dirty = False
+                node = device.node
+                touched[node.name] = node
+                if device.series:
+                    fold_device(device)
+                elif node.devices.get((device.gpu, device.instance)) is device:
+                    del node.devices[device.gpu, device.instance]
+            rebuilt: dict[str, NodeMetrics | None] = {}
+            findings: list[Sample] = []
+            for name, node in touched.items():
+                if not node.devices:
+                    if self._nodes.get(name) is node:
+                        del self._nodes[name]
+                    rebuilt[name] = None
                     continue
-                if now - since < settle:
-                    stamps = [s[_STAMP] for s in per_node.values()]
-                    if min(stamps) != max(stamps):
-                        continue  # the rest of this scrape is on its way
-                taken.add(node)
-                out[node] = [Sample(s[_NAME], s[_LABELS], s[_VALUE], s[_STAMP] / 1000.0) for s in per_node.values()]
-            for node in taken:
-                del self._changed[node]
-            return out, taken
+                rebuilt[name], flagged = node_metrics(node)
+                if flagged:
+                    findings += samples_of(node)
+            return rebuilt, findings
+
+    def samples(self) -> list[Sample]:
+        """Every sample the store holds, as the pull form's samples (the tests' reference)."""
+        with self._lock:
+            return [sample for node in self._nodes.values() for sample in samples_of(node)]
 
     def expire(self, now_ms: int) -> int:
-        """Drop series not written for SERIES_LOOKBACK_SECONDS (their nodes count as changed); how many."""
+        """Drop series not written for SERIES_LOOKBACK_SECONDS (their devices are folded again); how many."""
         oldest = now_ms - int(SERIES_LOOKBACK_SECONDS * 1000)
         dropped = 0
         with self._lock:
-            for node, per_node in list(self._nodes.items()):
-                old = [ident for ident, s in per_node.items() if s[_STAMP] < oldest]
-                for ident in old:
-                    per_node.pop(ident)[_LIVE] = False
-                if old:
-                    dropped += len(old)
-                    self._changed.setdefault(node, time.monotonic())
+            for node in self._nodes.values():
+                for device in node.devices.values():
+                    for series in [s for s in device.series if s[_STAMP] < oldest]:
+                        self._detach(series)
+                        dropped += 1
+            if len(self._records) - self._live > max(self._live, self.max_forgotten):
+                self._forget()
         return dropped
+
+    def _forget(self) -> None:
+        """Forget the series without a sample (churning labels: pods come and go), here and in the label cache."""
+        self._records = {ident: s for ident, s in self._records.items() if s[_HOME] is not None}
+        self._by_labels = {key: s for key, s in self._by_labels.items() if not s or s[_HOME] is not None}
 
     def empty(self) -> bool:
         return not self._nodes
@@ -459,16 +544,171 @@ class SampleStore:
         return len(self._nodes)
 
 
+# --- the fold: a node's devices as build_snapshot makes them, device by device -------------------------------------
+
+# The range of each metric of DCGM_METRICS, by index (the pull form's screening table, metrics_source).
+_LOW = tuple(_VALID_RANGE[name][0] for name in DCGM_METRICS)
+_HIGH = tuple(_VALID_RANGE[name][1] for name in DCGM_METRICS)
+_by_key = attrgetter("key")
+
+
+class _Device:
+    """A device of a node (a whole GPU or a MIG instance: ``gpu`` or ``UUID``, and ``GPU_I_ID``), the series of it
+    that hold a sample, and what the decision reads of them: ``fold_device`` sets the rest whenever one of its
+    series changed (``dirty`` until then)."""
+
+    __slots__ = (
+        "bad",
+        "dirty",
+        "duplicates",
+        "gpu",
+        "instance",
+        "key",
+        "metrics",
+        "newest",
+        "node",
+        "resource",
+        "series",
+    )
+
+    def __init__(self, node: _Node, gpu: str, instance: str, profile: str) -> None:
+        self.node = node
+        self.gpu, self.instance = gpu, instance
+        self.key = f"{gpu}/{instance}" if instance else gpu  # DeviceMetrics.key, as build_snapshot writes it
+        # A MIG instance's resource (none without a profile); a whole GPU's is nvidia.com/gpu unless it is split.
+        self.resource = (MIG_RESOURCE_PREFIX + profile if profile else None) if instance else WHOLE_GPU_RESOURCE
+        self.series: list[list[Any]] = []
+        self.dirty = False
+        self.metrics: DeviceMetrics | None = None  # the device as a snapshot holds it; None: no utilisation
+        self.newest: int | None = None  # the newest timestamp (ms) of its finite samples; None: none is finite
+        self.bad = 0  # samples out of their metric's range or NaN: the node counts as without metrics
+        self.duplicates = 0  # series beyond the first of a metric (pods sharing the device, two exporters)
+
+
+class _Node:
+    """A node's devices with a series holding a sample, in the order first seen."""
+
+    __slots__ = ("devices", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.devices: dict[tuple[str, str], _Device] = {}
+
+
+def fold_device(device: _Device) -> None:
+    """The device's figures from its series' samples, as screen_samples and build_snapshot read them: each value
+    checked against its metric's range (``bad``), only finite values folded, per metric the highest of its series
+    (build_snapshot keeps the last one it reads; the series of one metric on one device are pods sharing it, on which
+    dcgm-exporter writes the device's one value, or exporters the pull form's ``max by`` folds into their maximum),
+    the pods of its series (None when none has a pod label), its newest finite sample's timestamp. ``metrics`` is
+    None when the device has no utilisation (a MIG instance without GR_ENGINE_ACTIVE, a whole GPU without either).
+    Runs for every device with a new sample, hundreds of thousands per interval: kept tight."""
+    best: list[float | None] = [None, None, None, None]
+    counts = [0, 0, 0, 0]
+    low, high, finite = _LOW, _HIGH, math.isfinite
+    newest: int | None = None
+    pods: set[str] | None = None
+    bad = 0
+    for series in device.series:
+        metric, value = series[_METRIC], series[_VALUE]
+        counts[metric] += 1
+        if not (low[metric] <= value <= high[metric]):  # NaN too
+            bad += 1
+        if not finite(value):  # build_snapshot reads no NaN or infinity (+inf framebuffer passes the screening)
+            continue
+        held = best[metric]
+        if held is None or value > held:
+            best[metric] = value
+        pod = series[_POD]
+        if pod is not None:
+            if pods is None:
+                pods = set()
+            if pod:
+                pods.add(pod)
+        stamp = series[_STAMP]
+        if newest is None or stamp > newest:
+            newest = stamp
+    device.bad, device.newest = bad, newest
+    device.duplicates = len(device.series) - (len(counts) - counts.count(0))  # series less the metrics they have
+    util_percent, gr_active, used, free = best
+    util = gr_active if device.instance or util_percent is None else util_percent / 100.0
+    if util is None:
+        device.metrics = None
+        return
+    if not 0.0 < util <= 1.0:  # _clamp01 only where it changes something: it costs a call per device
+        util = _clamp01(util)
+    mem = None
+    if used is not None and free is not None and used + free > 0:
+        mem = used / (used + free)
+        if not 0.0 < mem <= 1.0:
+            mem = _clamp01(mem)
+    device.metrics = DeviceMetrics(device.key, util, mem, len(pods) if pods is not None else None)
+
+
+def node_metrics(node: _Node) -> tuple[NodeMetrics | None, bool]:
+    """The node as build_snapshot makes it from its screened samples, out of its devices' folds, and whether
+    screen_samples would report on it (a value out of range, a duplicate series). Left out (None) when any of its
+    samples is out of range or no device has a utilisation and a resource; a GPU with MIG instances (with a finite
+    sample) is no ``nvidia.com/gpu``; the sample time is the newest finite sample's; resources in the order of their
+    first device, each resource's devices sorted by key."""
+    resources: dict[str, list[DeviceMetrics]] = {}
+    whole: list[tuple[str, DeviceMetrics]] = []  # whole GPUs (gpu, metrics): nvidia.com/gpu unless split
+    split: set[str] = set()
+    newest, bad, duplicates = -1, 0, 0
+    for device in node.devices.values():
+        bad += device.bad
+        duplicates += device.duplicates
+        stamp = device.newest
+        if stamp is None:  # no finite sample: no metrics either
+            continue
+        if stamp > newest:
+            newest = stamp
+        metrics = device.metrics
+        if device.instance:
+            split.add(device.gpu)
+        elif metrics is not None:
+            whole.append((device.gpu, metrics))
+        resource = device.resource
+        if metrics is None or resource is None:
+            continue
+        held = resources.get(resource)
+        if held is None:
+            resources[resource] = [metrics]
+        else:
+            held.append(metrics)
+    if whole and split:
+        gpus = [metrics for gpu, metrics in whole if gpu not in split]
+        if gpus:
+            resources[WHOLE_GPU_RESOURCE] = gpus
+        else:
+            del resources[WHOLE_GPU_RESOURCE]
+    if bad or not resources:
+        return None, bool(bad or duplicates)
+    devices = {resource: tuple(sorted(held, key=_by_key)) for resource, held in resources.items()}
+    return NodeMetrics(node.name, newest / 1000.0, MappingProxyType(devices)), bool(duplicates)
+
+
+def samples_of(node: _Node) -> list[Sample]:
+    """The node's series as the pull form's samples (timestamps in seconds)."""
+    return [
+        Sample(s[_NAME], s[_LABELS], s[_VALUE], s[_STAMP] / 1000.0)
+        for device in node.devices.values()
+        for s in device.series
+    ]
+
+
 # --- the snapshot ----------------------------------------------------------------------------------------------------
 
 
 class PushSource:
-    """MetricsSource of METRICS_SOURCE=push: each fetch rebuilds the nodes whose samples changed since the last one
-    (screen_samples, build_snapshot, drop_future_nodes: the pull form's rules) and keeps the others' objects, so the
-    decision tables keep their verdicts for them. ``start`` opens the receiver's listener, ``aclose`` closes it."""
+    """MetricsSource of METRICS_SOURCE=push: each fetch folds the devices with a sample since the last one and makes
+    their nodes again (``SampleStore.fold``), keeps the others' objects, so the decision tables keep their verdicts
+    for them, and leaves out the nodes dated in the future (drop_future_nodes) as the pull form does. What it
+    finds wrong (screen_samples' findings) is over the nodes it made again. ``start`` opens the receiver's listener,
+    ``aclose`` closes it."""
 
     name = "push"
-    deadline = 60.0  # a rebuild of every node of a large fleet takes seconds on a small machine
+    deadline = 60.0  # generous: a fold of every device of a large fleet takes about a second on a small machine
 
     def __init__(
         self,
@@ -508,10 +748,10 @@ class PushSource:
         if now - self._swept >= SERIES_LOOKBACK_SECONDS / 10:
             self._swept = now
             await asyncio.to_thread(self.store.expire, int(now * 1000))
-        samples, changed = await asyncio.to_thread(self.store.take_changed, SETTLE_SECONDS)
-        if not changed and self._previous is not EMPTY_SNAPSHOT:
+        rebuilt, findings = await asyncio.to_thread(self.store.fold)
+        if not rebuilt and self._previous is not EMPTY_SNAPSHOT:
             return None
-        snapshot, self.report = await asyncio.to_thread(self._build, samples, changed, version)
+        snapshot, self.report = self._snapshot(rebuilt, findings, version)
         self._previous = snapshot
         return snapshot
 
@@ -539,24 +779,19 @@ class PushSource:
                 FIRST_SAMPLE_WAIT_SECONDS,
             )
 
-    def _build(
-        self, by_node: Mapping[str, list[Sample]], changed: set[str], version: int
+    def _snapshot(
+        self, rebuilt: Mapping[str, NodeMetrics | None], findings: list[Sample], version: int
     ) -> tuple[MetricsSnapshot, FetchReport]:
-        with _gc_paused():
-            return self._build_nodes(by_node, changed, version)
-
-    def _build_nodes(
-        self, by_node: Mapping[str, list[Sample]], changed: set[str], version: int
-    ) -> tuple[MetricsSnapshot, FetchReport]:
+        """The last snapshot with the nodes the fold made again (a node equal to its last object keeps that object,
+        so the decision tables keep their verdicts for it), then the pull form's report and future-dated nodes."""
         report = FetchReport()
-        samples = [sample for per_node in by_node.values() for sample in per_node]
-        if samples or self.store.empty():
-            samples = screen_samples(samples, self._node_labels, report)
+        if findings or self.store.empty():
+            screen_samples(findings, self._node_labels, report)
+        made = {name: metrics for name, metrics in rebuilt.items() if metrics is not None}
+        for name in rebuilt.keys() - made.keys():
+            self._base.pop(name, None)
+        self._base.update(keep_unchanged(made, self._previous))
         now = self._clock()
-        fresh = build_snapshot(samples, self._node_labels, default_time=now, taken_at=now, version=version)
-        for node in changed:
-            self._base.pop(node, None)
-        self._base.update(keep_unchanged(fresh.nodes, self._previous))
         snapshot = snapshot_of(self._base, taken_at=now, version=version)
         return drop_future_nodes(snapshot, now, self._max_skew, report), report
 
