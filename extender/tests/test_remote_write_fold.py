@@ -140,12 +140,10 @@ def held(store: SampleStore) -> list[tuple[Any, ...]]:
 
 
 def reference(samples: list[Sample]) -> tuple[dict[str, Any], FetchReport]:
-    """The pull form on the store's samples. A device's several series of one metric (pods sharing it, a label the
-    decision does not read) fold into their highest value; build_snapshot keeps the last it reads, so it reads them
-    in ascending order of value."""
+    """The pull form on the store's samples (a device's several series of one metric fold into their highest value
+    in both)."""
     report = FetchReport()
-    ordered = sorted(samples, key=lambda s: s.value if math.isfinite(s.value) else 0.0)
-    screened = screen_samples(ordered, NODE_LABELS, report)
+    screened = screen_samples(samples, NODE_LABELS, report)
     built = build_snapshot(screened, NODE_LABELS, default_time=NOW, taken_at=NOW, version=1)
     return dict(drop_future_nodes(built, NOW, SKEW, report).nodes), report
 

@@ -39,8 +39,8 @@ type deviceKey struct{ node, gpu, instance string }
 // noSample marks a metric no sample of the device gave.
 const noSample = -1
 
-// deviceAcc is one device while a fold groups samples: the index of the sample giving each metric (the last one
-// in the samples' order, noSample for none), the pods dcgm-exporter maps to it.
+// deviceAcc is one device while a fold groups samples: the index of the last sample of each metric (noSample for
+// none; the earlier ones chained through previous), the pods dcgm-exporter maps to it.
 type deviceAcc struct {
 	gpu, profile                      string
 	utilPercent, grActive, used, free int32
@@ -125,17 +125,18 @@ func FoldsAsLaidOut(name string, value float64) bool {
 }
 
 // NodeLayout is what a node's samples make without their values: its resources in the source's order, and each
-// resource's devices sorted by key, each with the index of the sample giving its util and memory.
+// resource's devices sorted by key, each with the samples giving its util and memory.
 type NodeLayout struct {
 	name      string
 	resources []string
 	ends      []int // devices[ends[i-1]:ends[i]] are resources[i]'s
 	devices   []deviceSlot
+	previous  []int32 // by sample index: the device's sample of the same metric before it, noSample for none
 }
 
 type deviceSlot struct {
 	key              string
-	util, used, free int32 // sample indices; used and free noSample when the device has no memory
+	util, used, free int32 // the last sample of each; used and free noSample when the device has no memory
 	utilPercent      bool  // util is DCGM_FI_DEV_GPU_UTIL, in percent
 	pods             int
 	hasPods          bool
@@ -150,13 +151,13 @@ func (l *NodeLayout) Name() string { return l.name }
 func (l *NodeLayout) Node(values []float64, sampleTime float64) *NodeMetrics {
 	devices := make([]Device, len(l.devices))
 	for i, slot := range l.devices {
-		util := values[slot.util]
+		util := l.highest(values, slot.util)
 		if slot.utilPercent {
 			util /= 100.0
 		}
 		device := Device{Key: slot.key, Util: clamp01(util), Pods: slot.pods, HasPods: slot.hasPods}
 		if slot.used != noSample {
-			if used, free := values[slot.used], values[slot.free]; used+free > 0 {
+			if used, free := l.highest(values, slot.used), l.highest(values, slot.free); used+free > 0 {
 				device.Mem, device.HasMem = clamp01(used/(used+free)), true
 			}
 		}
@@ -169,6 +170,17 @@ func (l *NodeLayout) Node(values []float64, sampleTime float64) *NodeMetrics {
 		begin = l.ends[i]
 	}
 	return metrics
+}
+
+// highest is the highest value of the samples of one metric of one device, last one i (scoring's rule: the series
+// of one device and metric are pods sharing it, which dcgm-exporter gives the device's one value, or exporters
+// that the pull form's query folds with max).
+func (l *NodeLayout) highest(values []float64, i int32) float64 {
+	value := values[i]
+	for j := l.previous[i]; j != noSample; j = l.previous[j] {
+		value = max(value, values[j])
+	}
+	return value
 }
 
 // LayoutOfNode is the layout of one node's samples (all of them the node's, named as the dcgm metrics a decision
@@ -189,6 +201,7 @@ func layoutNodes(samples []Sample, nodeLabels []string, intern map[string]string
 	devices := make(map[deviceKey]*deviceAcc, hint)
 	order := make([]deviceKey, 0, hint)
 	slab := make([]deviceAcc, 0, hint)
+	previous := make([]int32, len(samples))
 	for i, s := range samples {
 		node := nodeNameOf(s.Labels, nodeLabels)
 		if node == "" {
@@ -220,16 +233,16 @@ func layoutNodes(samples []Sample, nodeLabels []string, intern map[string]string
 				acc.pods = append(acc.pods, pod)
 			}
 		}
-		switch s.Name { // the last sample of each metric gives its value
+		last := &acc.free
+		switch s.Name {
 		case metricGPUUtil:
-			acc.utilPercent = int32(i)
+			last = &acc.utilPercent
 		case metricGREngineActive:
-			acc.grActive = int32(i)
+			last = &acc.grActive
 		case metricFBUsed:
-			acc.used = int32(i)
-		default:
-			acc.free = int32(i)
+			last = &acc.used
 		}
+		previous[i], *last = *last, int32(i)
 	}
 
 	split := map[[2]string]bool{}
@@ -282,7 +295,7 @@ func layoutNodes(samples []Sample, nodeLabels []string, intern map[string]string
 		}
 		node := nodes[key.node]
 		if node == nil {
-			node = &building{layout: &NodeLayout{name: key.node}, slots: map[string][]deviceSlot{}}
+			node = &building{layout: &NodeLayout{name: key.node, previous: previous}, slots: map[string][]deviceSlot{}}
 			nodes[key.node] = node
 			nodeOrder = append(nodeOrder, node)
 		}

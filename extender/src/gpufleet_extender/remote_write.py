@@ -487,8 +487,7 @@ class SampleStore:
         """Fold the devices changed since the last fold and make their nodes again: {node: NodeMetrics, or None for a
         node left out of the snapshot or gone from the store}, and the samples of those nodes that screen_samples
         would report on (a value out of range, a duplicate series), for the report. Invariant: after a fold, every
-        node's NodeMetrics equals what screen_samples and build_snapshot make of the store's samples of it, the
-        highest of a device's series of one metric counting where build_snapshot keeps its last one."""
+        node's NodeMetrics equals what screen_samples and build_snapshot make of the store's samples of it."""
         with self._lock, _gc_paused():  # hundreds of thousands of objects: the GC would walk the store again and again
             dirty, self._dirty = self._dirty, []
             touched: dict[str, _Node] = {}
@@ -598,8 +597,8 @@ class _Node:
 def fold_device(device: _Device) -> None:
     """The device's figures from its series' samples, as screen_samples and build_snapshot read them: each value
     checked against its metric's range (``bad``), only finite values folded, per metric the highest of its series
-    (build_snapshot keeps the last one it reads; the series of one metric on one device are pods sharing it, on which
-    dcgm-exporter writes the device's one value, or exporters the pull form's ``max by`` folds into their maximum),
+    (as build_snapshot: the series of one metric on one device are pods sharing it, on which dcgm-exporter writes
+    the device's one value, or exporters the pull form's ``max by`` folds into their maximum),
     the pods of its series (None when none has a pod label), its newest finite sample's timestamp. ``metrics`` is
     None when the device has no utilisation (a MIG instance without GR_ENGINE_ACTIVE, a whole GPU without either).
     Runs for every device with a new sample, hundreds of thousands per interval: kept tight."""

@@ -185,14 +185,20 @@ def build_snapshot(
                 acc.pods = set()
             if pod:
                 acc.pods.add(pod)
+        # Several series of one metric on one device (pods sharing it, on which dcgm-exporter writes the device's
+        # one value; or two exporters' series, which the pull form's query folds with max): the highest counts.
+        value = sample.value
         if sample.name == GPU_UTIL:
-            acc.util_percent = sample.value
+            if acc.util_percent is None or value > acc.util_percent:
+                acc.util_percent = value
         elif sample.name == GR_ENGINE_ACTIVE:
-            acc.gr_active = sample.value
+            if acc.gr_active is None or value > acc.gr_active:
+                acc.gr_active = value
         elif sample.name == FB_USED:
-            acc.fb_used = sample.value
-        else:
-            acc.fb_free = sample.value
+            if acc.fb_used is None or value > acc.fb_used:
+                acc.fb_used = value
+        elif acc.fb_free is None or value > acc.fb_free:
+            acc.fb_free = value
         stamp = sample.timestamp if sample.timestamp is not None else default_time
         held = sample_times.get(node)
         if held is None or stamp > held:  # max(held, stamp), without the call
