@@ -8,6 +8,7 @@ counted, the stale marker removes a series. The decoder's fast path agrees with 
 
 from __future__ import annotations
 
+import logging
 import math
 import struct
 import time
@@ -26,7 +27,7 @@ from gpufleet_testsupport.scheduler_requests import make_pod, names_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet_extender import remote_write
+from gpufleet_extender import remote_write, settings_contract
 from gpufleet_extender.app import create_app
 from gpufleet_extender.config import load_settings
 from gpufleet_extender.errors import ExtenderError
@@ -451,3 +452,35 @@ def test_the_first_snapshot_waits_until_no_new_node_comes(monkeypatch: pytest.Mo
     snapshot = asyncio.run(PushSource(store, ("Hostname",)).fetch(1))
     sender.join()
     assert snapshot is not None and set(snapshot.nodes) == set(nodes)
+
+
+def test_the_store_holds_at_most_its_most_series_and_says_so(receiver, caplog):
+    """A sender that lets through more series than a fleet has cannot grow the store without bound: new series
+    beyond its most are not kept and are counted (one log line), the series held keep taking samples, and a series
+    that ends makes room. The bound is the settings contract's, as GPUScore's."""
+    store = receiver.client.app.state.refresher.source.store
+    assert store.max_series == settings_contract.RECEIVER_MAX_SERIES
+    stamp = now_ms()
+    assert receiver.post(encode_write_request(remote_write_series(FLEET, stamp))).status_code == 204
+    receiver.next_snapshot()
+    store.max_series = store.series
+    newcomer = remote_write_series({"node-c": gpus(0.9)}, stamp + 1)
+    update = remote_write_series({"node-a": gpus(0.6, 0.95)}, stamp + 1)
+    with caplog.at_level(logging.WARNING):
+        assert receiver.post(encode_write_request(newcomer + update)).status_code == 204
+    assert receiver.counter("gpufleet_extender_remote_write_series_over_limit_total") == len(newcomer)
+    assert "samples of new series not kept" in caplog.text
+    snapshot = receiver.next_snapshot()
+    assert "node-c" not in snapshot.nodes
+    assert snapshot.nodes["node-a"].devices["nvidia.com/gpu"][0].util == 0.6
+    # node-b's target is gone (stale markers): its series make room for node-c's.
+    ended = [
+        (labels, [(stale_nan(), stamp + 2)])
+        for labels, _ in remote_write_series(FLEET, 0)
+        if labels["Hostname"] == "node-b"
+    ]
+    assert len(ended) >= len(newcomer)
+    assert receiver.post(encode_write_request(ended)).status_code == 204
+    assert receiver.post(encode_write_request(remote_write_series({"node-c": gpus(0.9)}, stamp + 3))).status_code == 204
+    assert set(receiver.next_snapshot().nodes) == {"node-a", "node-c"}
+    assert store.series <= store.max_series

@@ -65,6 +65,7 @@ from gpufleet_extender.metrics_source import (
     screen_samples,
 )
 from gpufleet_extender.pods import MIG_RESOURCE_PREFIX, WHOLE_GPU_RESOURCE
+from gpufleet_extender.settings_contract import RECEIVER_MAX_SERIES
 from gpufleet_extender.snapshot import (
     DCGM_METRICS,
     EMPTY_SNAPSHOT,
@@ -201,6 +202,7 @@ class WriteResult:
     out_of_order: int = 0
     removed: int = 0  # series a stale marker removed
     ignored: int = 0  # samples of series the decision does not read
+    over_limit: int = 0  # samples of new series not kept: the store holds max_series already
 
 
 _unpack_double = struct.Struct("<d").unpack_from
@@ -293,6 +295,9 @@ class SampleStore:
         self.first_sample = threading.Event()  # set once a sample is kept: until then the store knows no node
         self.max_cached = 4_000_000  # label caches beyond this are dropped and rebuilt (churning labels)
         self.max_forgotten = 100_000  # series without a sample kept beyond the live ones before they are forgotten
+        # The series held at most: a sender whose relabelling lets through what it should not (a label that changes
+        # every scrape) cannot grow the extender's memory without bound. New series beyond it are not kept.
+        self.max_series = RECEIVER_MAX_SERIES
 
     @property
     def series(self) -> int:
@@ -432,7 +437,7 @@ class SampleStore:
 
     def _apply(self, updates: list[tuple[list[Any], float, int]]) -> WriteResult:
         """The decoded samples into their series, in order; each device a sample changed is queued for the fold."""
-        accepted = out_of_order = removed = ignored = 0
+        accepted = out_of_order = removed = ignored = over_limit = 0
         dirty = self._dirty
         for series, value, stamp in updates:
             if series is _IGNORED:
@@ -441,8 +446,15 @@ class SampleStore:
             if stamp < series[_STAMP]:
                 out_of_order += 1
                 continue
-            series[_STAMP] = stamp
             device = series[_HOME]
+            if (
+                device is None
+                and self._live >= self.max_series
+                and (value == value or _unpack_bits(_pack_double(value))[0] != STALE_NAN_BITS)
+            ):
+                over_limit += 1  # a new series (or one a stale marker ended) while the store is full
+                continue
+            series[_STAMP] = stamp
             if value != value and _unpack_bits(_pack_double(value))[0] == STALE_NAN_BITS:
                 if device is not None:
                     self._detach(series)
@@ -455,7 +467,7 @@ class SampleStore:
                 device.dirty = True
                 dirty.append(device)
             accepted += 1
-        return WriteResult(accepted, out_of_order, removed, ignored)
+        return WriteResult(accepted, out_of_order, removed, ignored, over_limit)
 
     def _attach(self, series: list[Any]) -> _Device:
         """A series that had no sample (new, or removed by a stale marker or the lookback) into its node and device."""

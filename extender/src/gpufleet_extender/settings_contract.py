@@ -128,6 +128,11 @@ def load_resources(path: Path = CONTRACT_FILE) -> tuple[str, str]:
     return str(resources["wholeGPU"]), str(resources["migPrefix"])
 
 
+def load_receivers_max_series(path: Path = CONTRACT_FILE) -> int:
+    """The series a remote-write receiver holds at most (new series beyond it are not kept, and counted)."""
+    return int(_read(path)["receivers"]["maxSeries"])
+
+
 def load_removed(path: Path = CONTRACT_FILE) -> dict[str, tuple[str, str]]:
     """Settings the extender and GPUScore took once, by name: (GPUScore's arg, the line a config that still sets
     one gets, whatever its value)."""
@@ -137,6 +142,7 @@ def load_removed(path: Path = CONTRACT_FILE) -> dict[str, tuple[str, str]]:
 SETTINGS = load()
 WHOLE_GPU_RESOURCE, MIG_RESOURCE_PREFIX = load_resources()
 REMOVED = load_removed()
+RECEIVER_MAX_SERIES = load_receivers_max_series()
 
 
 def default(name: str) -> Any:

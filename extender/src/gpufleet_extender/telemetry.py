@@ -101,6 +101,12 @@ class Telemetry:
             "Samples of remote writes older than the sample held for their series: ignored.",
             registry=self.registry,
         )
+        self.remote_write_over_limit = Counter(
+            "gpufleet_extender_remote_write_series_over_limit_total",
+            "Samples of new series not kept because the receiver holds its most series already: Prometheus' "
+            "write_relabel_configs let through more than the dcgm series a decision reads.",
+            registry=self.registry,
+        )
 
         self.scoring_strategy = Gauge(
             "gpufleet_extender_scoring_strategy",

@@ -2,9 +2,11 @@ package remotewrite
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"reflect"
 	"testing"
 
@@ -184,5 +186,24 @@ func TestTheStoreHoldsAtMostMaxSeries(t *testing.T) {
 	s = h.snapshot()
 	if node := s.Nodes["node-b"]; node == nil || node.Devices["nvidia.com/mig-2g.20gb"][0].Util != 0.9 || h.store.held != 6 {
 		t.Fatalf("after a device ended, %d series held: %s", h.store.held, describe(s))
+	}
+}
+
+// MaxSeries is the settings contract's bound on a receiver, as the extender reads it.
+func TestMaxSeriesIsTheContracts(t *testing.T) {
+	raw, err := os.ReadFile("../../../extender/src/gpufleet_extender/settings_contract.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var contract struct {
+		Receivers struct {
+			MaxSeries int `json:"maxSeries"`
+		} `json:"receivers"`
+	}
+	if err := json.Unmarshal(raw, &contract); err != nil {
+		t.Fatal(err)
+	}
+	if contract.Receivers.MaxSeries != MaxSeries {
+		t.Errorf("the settings contract's receivers.maxSeries is %d, GPUScore's MaxSeries %d", contract.Receivers.MaxSeries, MaxSeries)
 	}
 }

@@ -25,7 +25,8 @@ const seriesExpiry = 5 * time.Minute
 // MaxSeries is how many series a Store holds at most: 2.5 times a fleet of 5,000 nodes x 8 GPUs x 7 MIG instances
 // x 4 metrics, so that a sender whose relabelling lets through what it should not (a label that changes with
 // every scrape) cannot grow the scheduler's memory without bound. A new series beyond it is not kept and is
-// counted (remote_write_series_over_limit_total); the series already held keep their samples.
+// counted (remote_write_series_over_limit_total); the series already held keep their samples. The settings
+// contract's receivers.maxSeries, which the extender's receiver reads (a test checks the two agree).
 const MaxSeries = 2_800_000
 
 // Store holds the newest sample of every kept series. Safe for concurrent use.
