@@ -451,7 +451,9 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     # scrapes, and every pod that waited placed after that, load-aware, within the scheduler's backoff.
     assert deny_bound_blind == []
     assert deny_admitted - firsts[-1] <= REFRESH + PROBE_PERIOD + RECOVERY_SLACK
-    assert len(waited) == DENY_PODS and min(waited.values()) >= admitted, waited
+    # The probe sees the extender ready up to one period late, and a connection the scheduler kept to it from before
+    # the outage carries a call as soon as it is ready: the first pod may come that much before `admitted`.
+    assert len(waited) == DENY_PODS and min(waited.values()) >= admitted - PROBE_PERIOD, waited
     assert max(waited.values()) - admitted <= MAX_BACKOFF + BACKOFF_FLUSH + RECOVERY_SLACK
     # deny, `ignorable: true`: a Service without a ready endpoint is an error the scheduler skips, so the pods
     # created in the outage were placed in it, blind (bound before Prometheus came back).
