@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -60,22 +59,10 @@ def build_push_source(settings: Settings, telemetry: Telemetry) -> MetricsSource
     for reason in REFUSAL_REASONS:
         telemetry.remote_write_refused.labels(reason)
 
-    over_limit_logged = [0.0]  # when the last over-limit line was written: one every 10 s at most
-
     def written(result: WriteResult) -> None:
         telemetry.remote_write_samples.inc(result.accepted)
         telemetry.remote_write_out_of_order.inc(result.out_of_order)
-        if result.over_limit:
-            telemetry.remote_write_over_limit.inc(result.over_limit)
-            if time.monotonic() - over_limit_logged[0] < 10:
-                return
-            over_limit_logged[0] = time.monotonic()
-            log.warning(
-                "remote write: %d samples of new series not kept: the receiver holds %d series, its most (check "
-                "Prometheus' write_relabel_configs: only the dcgm series a decision reads, with the labels it reads)",
-                result.over_limit,
-                store.max_series,
-            )
+        telemetry.remote_write_over_limit.inc(result.over_limit)
 
     receiver = Receiver(
         store,

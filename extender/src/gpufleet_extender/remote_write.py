@@ -82,6 +82,7 @@ from gpufleet_extender.snapshot import (
 
 log = logging.getLogger(__name__)
 
+OVER_LIMIT_LOG_EVERY = 10.0  # seconds: a store that is full says so in one line at most this often
 WRITE_PATH = "/api/v1/write"  # Prometheus' own receiver's path; the roles point remote_write's url at it
 MAX_DECODED_BYTES = 8 * 1024 * 1024  # a WriteRequest of 10,000 samples with dcgm-exporter's labels is ~4 MiB
 MAX_BODY_BYTES = MAX_DECODED_BYTES  # a snappy block of a WriteRequest is several times smaller than the message
@@ -886,6 +887,7 @@ class Receiver:
         self._on_refused = on_refused
         self._on_written = on_written
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remote-write")
+        self._over_limit_logged = -OVER_LIMIT_LOG_EVERY  # when the last over-limit line was written
 
     async def __call__(
         self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]], send: Any
@@ -944,6 +946,14 @@ class Receiver:
                 break
         result = await asyncio.get_running_loop().run_in_executor(self._worker, self.process, b"".join(chunks))
         self._on_written(result)
+        if result.over_limit and time.monotonic() - self._over_limit_logged >= OVER_LIMIT_LOG_EVERY:
+            self._over_limit_logged = time.monotonic()
+            log.warning(
+                "remote write: %d samples of new series not kept: the receiver holds %d series, its most (check "
+                "Prometheus' write_relabel_configs: only the dcgm series a decision reads, with the labels it reads)",
+                result.over_limit,
+                self.store.max_series,
+            )
         return 204
 
     def process(self, body: bytes) -> WriteResult:

@@ -288,10 +288,10 @@ func (src *Source) build(node *nodeState, cutoff int64) *gpuscore.NodeMetrics {
 	if !screened {
 		return gpuscore.NodeFromSamples(samples, node.name, sampleTime, src.store.nodeLabels)
 	}
-	if node.layout == nil || node.layoutShape != node.shape {
+	if node.layoutShape != node.shape { // shape is at least 1 once the node has a series: the first build lays out
 		node.layout, node.layoutShape = gpuscore.LayoutOfNode(samples, src.store.nodeLabels, src.store.intern), node.shape
 	}
-	if node.layout == nil {
+	if node.layout == nil { // its series make no device (no utilisation, no resource)
 		return nil
 	}
 	return node.layout.Node(values, sampleTime)
