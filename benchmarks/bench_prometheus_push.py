@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -38,6 +39,7 @@ import yaml
 from gpufleet_extender.push_config import PushTarget, remote_write
 from gpufleet_extender.snapshot import DCGM_METRICS
 from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, FleetPrometheus, make_fleet
+from prometheus_client.parser import text_string_to_metric_families
 
 NODE_LABELS = ("Hostname", "hostname")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -93,10 +95,10 @@ def self_metrics(url: str) -> dict[str, float]:
         "prometheus_rule_group_last_duration_seconds",
     )
     totals = dict.fromkeys(wanted, 0.0)
-    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        match = re.match(r"^([a-z_]+)(\{[^}]*\})? ([0-9.e+-]+|NaN)$", line)
-        if match and match.group(1) in totals and match.group(3) != "NaN":
-            totals[match.group(1)] += float(match.group(3))
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name in totals and not math.isnan(sample.value):
+                totals[sample.name] += sample.value
     return totals
 
 

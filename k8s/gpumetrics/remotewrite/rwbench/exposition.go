@@ -5,8 +5,8 @@ import (
 	"math"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
+	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -77,19 +77,11 @@ func ReadExposition(paths []string, job, namespace string, metrics, keep []strin
 						sorted = append(sorted, remotewrite.Label{Name: label, Value: v})
 					}
 				}
-				slices.SortFunc(sorted, func(a, b remotewrite.Label) int {
-					switch {
-					case a.Name < b.Name:
-						return -1
-					case a.Name > b.Name:
-						return 1
-					}
-					return 0
-				})
+				slices.SortFunc(sorted, func(a, b remotewrite.Label) int { return strings.Compare(a.Name, b.Name) })
 				series = append(series, remotewrite.TimeSeries{Labels: sorted, Samples: []remotewrite.Sample{{Value: value}}})
 			}
 		}
-		sort.SliceStable(series, func(i, j int) bool { return labelsLess(series[i].Labels, series[j].Labels) })
+		slices.SortStableFunc(series, func(a, b remotewrite.TimeSeries) int { return slices.CompareFunc(a.Labels, b.Labels, compareLabels) })
 		exposition.targets = append(exposition.targets, series)
 	}
 	return exposition, nil
@@ -107,16 +99,11 @@ func sampleValue(kind dto.MetricType, metric *dto.Metric) (float64, bool) {
 	return math.NaN(), false
 }
 
-func labelsLess(a, b []remotewrite.Label) bool {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			if a[i].Name != b[i].Name {
-				return a[i].Name < b[i].Name
-			}
-			return a[i].Value < b[i].Value
-		}
+func compareLabels(a, b remotewrite.Label) int {
+	if c := strings.Compare(a.Name, b.Name); c != 0 {
+		return c
 	}
-	return len(a) < len(b)
+	return strings.Compare(a.Value, b.Value)
 }
 
 // SeriesPerInterval is how many series (one sample each) an interval sends.
