@@ -142,9 +142,6 @@ type deviceSlot struct {
 	hasPods          bool
 }
 
-// Name is the node's name.
-func (l *NodeLayout) Name() string { return l.name }
-
 // Node is the node's NodeMetrics with values[i] the value of the i-th sample the layout was made of, every one
 // finite (buildSnapshot leaves the others out before the layout; the push form folds a node with any other value
 // the whole way).
