@@ -512,6 +512,10 @@ def replica_killed_mid_burst(control_plane, core, namespace, tmp_path, ignorable
                     proxy.send_next_to(backend)
                     processes[backend].kill()
                     processes[backend].wait()
+                    # The scheduler may hold an idle connection to the survivor too, which would carry its next
+                    # call: it ends here, as the survivor's keep-alive timeout ends it, so that the next call
+                    # opens a connection, and the proxy, slow to drop the dead replica, sends that one there.
+                    proxy.close_connections_to(1 - backend)
                     pod = re.search(rb'"name":"(burst-\d+)"', data)  # the pod the call was for
                     killed.update(
                         backend=backend,

@@ -38,6 +38,7 @@ class RoundRobinProxy:
         self._next = 0
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
+        self._clients: dict[int, set[socket.socket]] = {i: set() for i in range(len(backends))}  # open, by backend
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -66,6 +67,15 @@ class RoundRobinProxy:
         with self._lock:
             self._next = index
 
+    def close_connections_to(self, index: int) -> None:
+        """End the open client connections of backend `index`, as the backend's keep-alive timeout ends idle ones:
+        the client's next request needs a new connection."""
+        with self._lock:
+            clients = list(self._clients[index])
+        for client in clients:
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_RDWR)
+
     def _connect(self) -> tuple[int, socket.socket] | None:
         while (index := self._pick()) is not None:
             try:
@@ -92,6 +102,7 @@ class RoundRobinProxy:
         with self._lock:
             self.connections[index] += 1
             self._sockets |= {client, backend}
+            self._clients[index].add(client)
         done = threading.Event()
 
         def pipe(source: socket.socket, target: socket.socket, upstream: bool) -> None:
@@ -111,6 +122,7 @@ class RoundRobinProxy:
             sock.close()
             with self._lock:
                 self._sockets.discard(sock)
+                self._clients[index].discard(sock)
 
     def close(self) -> None:
         self._closed.set()
