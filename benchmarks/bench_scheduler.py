@@ -25,7 +25,8 @@ With --sender rw-sender, where a real Prometheus cannot scrape the fleet beside 
 small machine), `gpufleet-rw-sender` (k8s/cmd, built here with `go build`) stands in for it: one per receiver, it
 sends the same exporter text every scrape interval, with the scrape's target labels and filtered as those entries
 filter it, over the same protocol and at the same pace. Prometheus' own part is measured apart
-(benchmarks/bench_metrics_refresh.py).
+(benchmarks/bench_prometheus_push.py). Pushed, two scrape intervals pass before the first mode: a sender's start
+and a receiver's first samples cost more than an interval at pace, and would fall on the first mode only.
 
 Each mode prints the pods it bound to hot nodes. A load-aware mode that binds any there placed without its metrics
 (or ignored them): it is reported as BLIND, and no throughput ratio is printed for it. Its blindness signal
@@ -226,6 +227,25 @@ def start_senders(fleet, workdir: Path, push: dict[str, str]) -> list[subprocess
     return senders
 
 
+def sent_intervals(workdir: Path) -> int:
+    """The fewest intervals any sender has sent so far."""
+    logs = [workdir / f"rw-sender-{who}.log" for who in ("extender", "plugin")]
+    return min(log.read_text(errors="replace").count("\ninterval ") for log in logs)
+
+
+def warm_up(workdir: Path, senders: list[subprocess.Popen], pushed: bool) -> None:
+    """Two intervals pass before the first mode: a sender's start (reading the exposition) and a receiver's first
+    samples cost more than an interval at pace, and would otherwise fall on the first mode measured only."""
+    if not pushed:
+        return
+    if not senders:  # a real Prometheus: its first sends to the receivers
+        time.sleep(2 * SCRAPE_INTERVAL)
+        return
+    wanted, deadline = sent_intervals(workdir) + 2, time.monotonic() + 6 * SCRAPE_INTERVAL
+    while sent_intervals(workdir) < wanted and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def run_mode(
     plane, core, mode: str, run: int, args, workdir: Path, urls: dict, hot: set[str]
 ) -> tuple[float, int] | None:
@@ -382,6 +402,7 @@ def main() -> int:
                         env["REMOTE_WRITE_ADDRESS"] = urls["push"]["extender"]  # type: ignore[index]
                         env["REMOTE_WRITE_TOKEN_FILE"] = urls["push"]["token"]  # type: ignore[index]
                     extender, urls["extender"] = start_extender(workdir, env)
+                warm_up(workdir, senders, args.metrics == "push")
                 for run, mode in enumerate(modes):
                     before = handler_times(urls["extender"]) if mode == "extender" else {}
                     measured = run_mode(plane, core, mode, run, args, workdir, urls, fleet.hot)
