@@ -86,7 +86,7 @@ func heldSeries(st *Store) int {
 	defer st.mu.Unlock()
 	held := 0
 	for _, node := range st.nodes {
-		held += len(node.series)
+		held += node.held
 	}
 	return held
 }

@@ -52,8 +52,9 @@ type Store struct {
 
 type nodeState struct {
 	name    string
-	series  map[string]*seriesState // by the values of the kept labels
-	list    []*seriesState          // the same in the order they came (removed ones until the next build)
+	devices map[string]*deviceState // by the values of the kept labels but the metric's name
+	held    int                     // series held
+	list    []*seriesState          // the series held in the order they came (removed ones until the next build)
 	newest  int64                   // the newest sample's timestamp, milliseconds
 	changed uint64                  // Store.gen of the last change
 	// layout is the fold of list's series without their values, made when shape was layoutShape; shape counts
@@ -62,11 +63,33 @@ type nodeState struct {
 	shape, layoutShape uint64
 }
 
+// deviceState is the series whose kept labels are the same but for the metric's name: a device's, one per metric the
+// decision reads. They share one map of labels, made once: at 5,000 nodes a map per series was most of the
+// scheduler's heap, and a large heap makes every allocation of the scheduler's slower.
+type deviceState struct {
+	key    string
+	labels map[string]string
+	series []*seriesState // by the metric's index
+	held   int
+}
+
 type seriesState struct {
-	sample    gpuscore.Sample // the labels a decision reads, the metric, the newest value
+	sample    gpuscore.Sample // the labels a decision reads (its device's), the metric, the newest value
 	timestamp int64           // milliseconds
-	key       string
+	device    *deviceState
+	metric    int
 	removed   bool
+}
+
+// remove forgets a held series.
+func (node *nodeState) remove(held *seriesState) {
+	device := held.device
+	device.series[held.metric] = nil
+	if device.held--; device.held == 0 {
+		delete(node.devices, device.key)
+	}
+	node.held--
+	held.removed = true
 }
 
 // NewStore keeps the series of the dcgm metrics a decision reads, from the exporter's job and namespace when they
@@ -114,13 +137,16 @@ func (st *Store) apply(d *decoded) applied {
 		nodeName := d.node(s, len(st.filter.nodeLabels))
 		node := st.nodes[string(nodeName)]
 		key := st.key[:0]
-		for label := range labels {
+		for label := labelName + 1; label < labels; label++ {
 			key = append(append(key, d.value(s, label)...), 0xff)
 		}
 		st.key = key
+		var device *deviceState
 		var held *seriesState
 		if node != nil {
-			held = node.series[string(key)]
+			if device = node.devices[string(key)]; device != nil {
+				held = device.series[s.metric]
+			}
 		}
 		_ = eachSample(d.body[s.samples.start:s.samples.end], func(value float64, timestamp int64) {
 			if held != nil && timestamp < held.timestamp {
@@ -129,8 +155,8 @@ func (st *Store) apply(d *decoded) applied {
 			}
 			if math.Float64bits(value) == staleNaN {
 				if held != nil {
-					delete(node.series, held.key)
-					held.removed, held = true, nil
+					node.remove(held)
+					held = nil
 					node.changed = gen
 					node.shape++
 					st.held--
@@ -143,13 +169,19 @@ func (st *Store) apply(d *decoded) applied {
 				return
 			}
 			if node == nil {
-				node = &nodeState{name: string(nodeName), series: map[string]*seriesState{}}
+				node = &nodeState{name: string(nodeName), devices: map[string]*deviceState{}}
 				st.nodes[node.name] = node
 				st.order = append(st.order, node)
 			}
 			if held == nil {
-				held = &seriesState{sample: gpuscore.Sample{Name: st.filter.metrics[s.metric], Labels: d.labels(s, &st.filter)}, key: string(key)}
-				node.series[held.key] = held
+				if device == nil || device.held == 0 { // none yet, or its last series removed by this request
+					device = &deviceState{key: string(key), labels: d.labels(s, &st.filter), series: make([]*seriesState, len(st.filter.metrics))}
+					node.devices[device.key] = device
+				}
+				held = &seriesState{sample: gpuscore.Sample{Name: st.filter.metrics[s.metric], Labels: device.labels}, device: device, metric: s.metric}
+				device.series[s.metric] = held
+				device.held++
+				node.held++
 				node.list = append(node.list, held)
 				node.shape++
 				st.held++
@@ -266,8 +298,7 @@ func (src *Source) build(node *nodeState, cutoff int64) *gpuscore.NodeMetrics {
 	screened := true
 	for _, held := range node.list {
 		if held.timestamp < cutoff && !held.removed {
-			delete(node.series, held.key) // as Prometheus' lookback forgets it
-			held.removed = true
+			node.remove(held) // as Prometheus' lookback forgets it
 			node.shape++
 			src.store.held--
 		}
@@ -312,9 +343,9 @@ func (st *Store) expires(cutoff int64) bool {
 func (st *Store) expire(cutoff int64) {
 	kept := st.order[:0]
 	for _, node := range st.order {
-		if node.newest < cutoff || len(node.series) == 0 {
+		if node.newest < cutoff || node.held == 0 {
 			delete(st.nodes, node.name)
-			st.held -= len(node.series)
+			st.held -= node.held
 			st.gen++
 			continue
 		}
