@@ -830,3 +830,52 @@ def test_an_inventory_without_fleet_wide_settings_gets_the_collections_defaults(
     assert {doc["metadata"].get("namespace") for doc in rendered.values()} == {"gpufleet-system", None}
     assert rendered["ConfigMap"]["data"]["EXPORTER_NAMESPACE"] == "gpufleet-node-agents"
     assert rendered["ConfigMap"]["data"]["METRICS_SOURCE"] == "prometheus"
+
+
+# --- memory by fleet size ------------------------------------------------------------------------------------------
+# A replica's RSS, measured with the newest sample of 5,000 nodes x 8 GPUs x 7 MIG instances held
+# (extender/benchmarks/bench_remote_write.py --http 5000x7x2000): the limit of such a fleet must hold it.
+RSS_AT_5000_NODES_MIB = 716
+
+
+def fleet_inventory(tmp_path, gpu_hosts: int) -> str:
+    """A control plane and `gpu_hosts` hosts in gpu_nodes (rendering reaches none of them)."""
+    hosts = {f"gpu-{i:05d}": None for i in range(gpu_hosts)}
+    inventory = {"all": {"children": {"control_plane": {"hosts": {"cp-1": None}}, "gpu_nodes": {"hosts": hosts}}}}
+    return write_inventory(tmp_path, inventory)
+
+
+def extender_container(tmp_path, gpu_hosts: int, extra_vars=None) -> tuple[str, dict]:
+    """(METRICS_SOURCE, the extender's container) rendered for a fleet of `gpu_hosts` GPU hosts."""
+    manifests = render_roles(
+        ["gpu_extender"], tmp_path, inventory=fleet_inventory(tmp_path, gpu_hosts), extra_vars=extra_vars
+    )
+    found = {
+        (doc["kind"], doc["metadata"]["name"]): doc
+        for name, docs in load_manifests(manifests).items()
+        if name.startswith("gpu_extender/")
+        for doc in docs
+    }
+    source = found[("ConfigMap", "gpufleet-extender")]["data"]["METRICS_SOURCE"]
+    workload = found.get(("StatefulSet", "gpufleet-extender")) or found[("Deployment", "gpufleet-extender")]
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    return source, container
+
+
+@pytest.mark.parametrize(("gpu_hosts", "source"), [(20, "prometheus"), (250, "push"), (5000, "push")])
+def test_memory_grows_with_the_pushed_fleet(tmp_path, gpu_hosts, source):
+    # Push by default from 200 GPU hosts on; the receiver's 160 KiB per host, rounded up to MiB, on the request and
+    # the limit.
+    rendered_source, container = extender_container(tmp_path, gpu_hosts)
+    assert rendered_source == source
+    extra = -(-gpu_hosts * 160 // 1024) if source == "push" else 0
+    assert container["resources"]["requests"]["memory"] == f"{128 + extra}Mi"
+    assert container["resources"]["limits"]["memory"] == f"{512 + extra}Mi"
+    if gpu_hosts == 5000:
+        assert 512 + extra > RSS_AT_5000_NODES_MIB * 1.5
+
+
+def test_memory_can_be_set_whole(tmp_path):
+    resources = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
+    _, container = extender_container(tmp_path, 300, {"gpu_extender_resources": resources})
+    assert container["resources"] == resources

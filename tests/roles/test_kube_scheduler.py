@@ -907,3 +907,37 @@ def test_plugin_mode_without_push_keeps_its_deployment_and_queries_prometheus(tm
     assert ("Deployment", "gpufleet-scheduler") in found
     assert ("NetworkPolicy", "gpufleet-scheduler") not in found
     assert not (manifests / "kube_scheduler" / "remote-write.yaml.snippet").exists()
+
+
+# --- memory by fleet size ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "gpu_hosts", "receives"), [("plugin", 400, True), ("plugin", 20, False), ("secondary", 400, False)]
+)
+def test_memory_grows_with_the_fleet_gpuscore_receives(tmp_path, mode, gpu_hosts, receives):
+    # GPUScore's receiver in each replica (plugin mode, push: by default from 200 GPU hosts on): 64 KiB per host,
+    # rounded up to MiB, on the request and the limit; a secondary kube-scheduler holds no series.
+    hosts = {f"gpu-{i:05d}": None for i in range(gpu_hosts)}
+    inventory = write_inventory(
+        tmp_path,
+        {
+            "all": {
+                "children": {
+                    "control_plane": {"hosts": {"cp-1": None}},
+                    "gpu_nodes": {
+                        "hosts": hosts,
+                        "vars": {"mig_partition_config": MIG_OFF, "gpufleet_gpus_per_node": 8},
+                    },
+                }
+            }
+        },
+    )
+    manifests = render_roles([ROLE], tmp_path, inventory=inventory, extra_vars={"kube_scheduler_mode": mode})
+    found = objects(manifests)
+    workload = found.get(("StatefulSet", "gpufleet-scheduler")) or found[("Deployment", "gpufleet-scheduler")]
+    assert (workload["kind"] == "StatefulSet") is receives
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    extra = -(-gpu_hosts * 64 // 1024) if receives else 0
+    assert container["resources"]["requests"]["memory"] == f"{128 + extra}Mi"
+    assert container["resources"]["limits"]["memory"] == f"{512 + extra}Mi"
