@@ -2,10 +2,11 @@
 
 Per tenant pool: every host of the pool's group is a Node under the name the roles use, labelled and tainted for
 its pool, advertising exactly the GPU resources its MIG layout implies (times the pool's time-slicing). Fleet-wide:
-every Deployment and DaemonSet the collection delivered is ready (device plugin, GPU Feature Discovery,
-dcgm-exporter, the extender - whose readiness needs fresh metrics -, the scheduler, the descheduler), and in
-static-pod mode every kube-scheduler runs with gpufleet's configuration. One problem is one sentence naming the
-object and what to do.
+every Deployment, StatefulSet and DaemonSet the collection delivered is ready (device plugin, GPU Feature Discovery,
+dcgm-exporter, the extender - whose readiness needs fresh metrics -, the scheduler, the descheduler; with pushed
+load the extender and gpufleet-scheduler are StatefulSets of receivers, ready only once Prometheus sends to them),
+and in static-pod mode every kube-scheduler runs with gpufleet's configuration. One problem is one sentence naming
+the object and what to do.
 """
 
 from __future__ import annotations
@@ -41,16 +42,27 @@ def fleet_expected(hostvars, groups, tenants, allocation: str = "device_plugin")
     return expected
 
 
-def _ready(workload: dict) -> str | None:
-    """Why a Deployment or DaemonSet is not ready, or None."""
+def _ready(workload: dict, receiver_label: str = "") -> str | None:
+    """Why a Deployment, StatefulSet or DaemonSet is not ready, or None. `receiver_label`: the pod label of the
+    pushed load's receivers (a StatefulSet of them is ready once Prometheus sends to it)."""
     kind, meta, status = workload.get("kind"), workload.get("metadata") or {}, workload.get("status") or {}
+    spec = workload.get("spec") or {}
     namespace, short = meta.get("namespace"), meta.get("name")
     name = f"{kind} {namespace}/{short}"
-    if kind == "Deployment":
-        wanted = (workload.get("spec") or {}).get("replicas", 1)
+    if kind in ("Deployment", "StatefulSet"):
+        wanted = spec.get("replicas", 1)
         ready = status.get("readyReplicas", 0)
-        if ready < wanted:
-            return f"{name}: {ready} of {wanted} replicas ready (kubectl -n {namespace} describe deployment {short})"
+        if ready >= wanted:
+            return None
+        pod_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        if kind == "StatefulSet" and receiver_label and pod_labels.get(receiver_label) == "true":
+            return (
+                f"{name}: {ready} of {wanted} replicas ready; a receiver of the pushed load is ready once Prometheus"
+                " sends to it: give Prometheus the remote-write entries the roles wrote beside the manifests"
+                " (docs/metrics_push.md), then check its prometheus_remote_storage_samples_failed_total and"
+                f" kubectl -n {namespace} logs {short}-0"
+            )
+        return f"{name}: {ready} of {wanted} replicas ready (kubectl -n {namespace} describe {kind.lower()} {short})"
     elif kind == "DaemonSet":
         wanted, ready = status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
         if wanted == 0:
@@ -68,6 +80,7 @@ def fleet_verify(
     workloads=None,
     scheduler_pods=None,
     scheduler_mode: str = "static_pod",
+    receiver_label: str = "",
 ) -> dict:
     """C(pools): tenant -> {nodes, problems}; C(problems): the fleet-wide ones; C(ok): nothing wrong anywhere."""
     by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes or []}
@@ -108,7 +121,7 @@ def fleet_verify(
                 )
         pools[tenant] = {"nodes": len(members), "problems": problems}
 
-    fleet: list[str] = [p for w in workloads or [] if (p := _ready(w))]
+    fleet: list[str] = [p for w in workloads or [] if (p := _ready(w, receiver_label))]
     if scheduler_mode == "static_pod":
         pods = scheduler_pods or []
         if not pods:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.mig.plugins.filter.fleet_verify import (
     fleet_canary_resource,
@@ -10,6 +13,7 @@ from ansible_collections.gpufleet.mig.plugins.filter.fleet_verify import (
     fleet_verify,
 )
 
+REPO = Path(__file__).resolve().parents[4]
 KEY, EFFECT = "gpufleet.io/tenant", "NoExecute"
 MIXED = [
     {"devices": [0], "mig_enabled": True, "mig_devices": {"3g.40gb": 2}},
@@ -124,3 +128,39 @@ def test_the_canary_asks_for_the_pools_most_plentiful_resource():
     assert fleet_canary_resource(expected()["llm"]) == "nvidia.com/gpu"
     with pytest.raises(AnsibleFilterError, match="no GPU resource"):
         fleet_canary_resource({"n": {}})
+
+
+def test_receivers_not_ready_say_that_prometheus_sends_them_nothing():
+    # With pushed load the extender and gpufleet-scheduler are StatefulSets whose pods carry the receivers' label
+    # (roles/gpufleet/vars); a replica is ready only once Prometheus has sent it samples.
+    label = yaml.safe_load((REPO / "roles/gpufleet/vars/main.yml").read_text())["gpufleet_receiver_label"]
+
+    def statefulset(name: str, ready: int, receiver: bool) -> dict:
+        template = {"metadata": {"labels": {label: "true"} if receiver else {}}}
+        return {
+            "kind": "StatefulSet",
+            "metadata": {"name": name, "namespace": "gpufleet-system"},
+            "spec": {"replicas": 2, "template": template},
+            "status": {"readyReplicas": ready},
+        }
+
+    workloads = [
+        statefulset("gpufleet-extender", 0, True),
+        statefulset("gpufleet-scheduler", 2, True),
+        statefulset("something-else", 1, False),
+    ]
+    result = fleet_verify(
+        expected(), healthy_nodes(), KEY, EFFECT, workloads, scheduler_mode="plugin", receiver_label=label
+    )
+    receivers, other = result["problems"]
+    assert receivers.startswith("StatefulSet gpufleet-system/gpufleet-extender: 0 of 2 replicas ready")
+    assert "remote-write entries" in receivers and "docs/metrics_push.md" in receivers
+    assert other == (
+        "StatefulSet gpufleet-system/something-else: 1 of 2 replicas ready "
+        "(kubectl -n gpufleet-system describe statefulset something-else)"
+    )
+    assert not result["ok"]
+    ready = [statefulset("gpufleet-extender", 2, True)]
+    assert fleet_verify(expected(), healthy_nodes(), KEY, EFFECT, ready, scheduler_mode="plugin", receiver_label=label)[
+        "ok"
+    ]
