@@ -671,7 +671,18 @@ def test_gpu_nodes_without_layouts_are_named(tmp_path):
     inventory_data["all"]["children"]["gpu_nodes"]["children"]["bare"] = {"hosts": {"bare-1": None}}
     Path(inventory).write_text(yaml.safe_dump(inventory_data))
     output = render_failure(tmp_path, {}, inventory=inventory)
-    assert "mig_partition_config or gpufleet_gpus_per_node is not defined for bare-1" in output
+    assert "mig_partition_config or gpufleet_gpus_per_node is not defined for bare-1." in output
+
+
+def test_many_gpu_nodes_without_layouts_are_named_ten_then_counted(tmp_path):
+    inventory = pools_inventory(tmp_path, {"whole": (MIG_OFF, 8)})
+    inventory_data = yaml.safe_load(Path(inventory).read_text())
+    bare = {f"bare-{i:03d}": None for i in range(250)}
+    inventory_data["all"]["children"]["gpu_nodes"]["children"]["bare"] = {"hosts": bare}
+    Path(inventory).write_text(yaml.safe_dump(inventory_data))
+    output = " ".join(render_failure(tmp_path, {}, inventory=inventory).split())
+    named = ", ".join(sorted(bare)[:10])
+    assert f"is not defined for {named} and 240 more hosts." in output
 
 
 def test_an_invalid_layout_fails_with_the_layout_filters_message(tmp_path):
