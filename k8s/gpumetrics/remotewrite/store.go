@@ -65,7 +65,7 @@ type nodeState struct {
 
 // deviceState is the series whose kept labels are the same but for the metric's name: a device's, one per metric the
 // decision reads. They share one map of labels, made once: at 5,000 nodes a map per series was most of the
-// scheduler's heap, and a large heap makes every allocation of the scheduler's slower.
+// scheduler's heap (199 of 435 MB in use).
 type deviceState struct {
 	key    string
 	labels map[string]string
