@@ -190,6 +190,12 @@ def cpu_per_pod(before: dict[str, float], after: dict[str, float], pods: int) ->
 
 
 SCRAPE_INTERVAL = 10  # seconds: the benchmark's Prometheus (the roles: 15 s), and the stand-in sender's pace
+RECEIVERS = ("extender", "plugin")
+
+
+def sender_log(workdir: Path, who: str) -> Path:
+    """The log of the stand-in sender to `who`'s receiver: a line "interval N: ..." per interval sent."""
+    return workdir / f"rw-sender-{who}.log"
 
 
 def start_senders(fleet, workdir: Path, push: dict[str, str]) -> list[subprocess.Popen]:
@@ -206,8 +212,8 @@ def start_senders(fleet, workdir: Path, push: dict[str, str]) -> list[subprocess
         shard.write_bytes(text)
         shards.append(str(shard))
     senders = []
-    for who in ("extender", "plugin"):
-        log = (workdir / f"rw-sender-{who}.log").open("w")
+    for who in RECEIVERS:
+        log = sender_log(workdir, who).open("w")
         senders.append(
             subprocess.Popen(
                 [
@@ -229,17 +235,16 @@ def start_senders(fleet, workdir: Path, push: dict[str, str]) -> list[subprocess
 
 def sent_intervals(workdir: Path) -> int:
     """The fewest intervals any sender has sent so far."""
-    logs = [workdir / f"rw-sender-{who}.log" for who in ("extender", "plugin")]
-    return min(log.read_text(errors="replace").count("\ninterval ") for log in logs)
+    return min(sender_log(workdir, who).read_text(errors="replace").count("\ninterval ") for who in RECEIVERS)
 
 
-def warm_up(workdir: Path, senders: list[subprocess.Popen], pushed: bool) -> None:
-    """Two intervals pass before the first mode: a sender's start (reading the exposition) and a receiver's first
-    samples cost more than an interval at pace, and would otherwise fall on the first mode measured only."""
-    if not pushed:
-        return
-    if not senders:  # a real Prometheus: its first sends to the receivers
+def warm_up(workdir: Path, senders: list[subprocess.Popen], prometheus_sends: bool) -> None:
+    """Two intervals pass before the first mode when something pushes: a sender's start (reading the exposition) and
+    a receiver's first samples cost more than an interval at pace, and would otherwise fall on the first mode
+    measured only."""
+    if prometheus_sends:  # a real Prometheus: its first sends to the receivers
         time.sleep(2 * SCRAPE_INTERVAL)
+    if not senders:
         return
     wanted, deadline = sent_intervals(workdir) + 2, time.monotonic() + 6 * SCRAPE_INTERVAL
     while sent_intervals(workdir) < wanted and time.monotonic() < deadline:
@@ -368,13 +373,13 @@ def main() -> int:
             urls["push"] = {"extender": f"127.0.0.1:{free_port()}", "plugin": f"127.0.0.1:{free_port()}"}
             urls["push"]["token"] = str(token)
             targets = [
-                PushTarget(f"http://{urls['push'][who]}/api/v1/write", token_file=str(token))
-                for who in ("extender", "plugin")
+                PushTarget(f"http://{urls['push'][who]}/api/v1/write", token_file=str(token)) for who in RECEIVERS
             ]
             entries = remote_write(targets, ("Hostname", "hostname"), "dcgm-exporter", EXPORTER_NAMESPACE)
+        prometheus_runs = bool(set(modes) - {"bare"}) and not stand_in
         scraping = (
             FleetPrometheus(fleet, workdir, interval=SCRAPE_INTERVAL, remote_write=entries)
-            if set(modes) - {"bare"} and not stand_in
+            if prometheus_runs
             else contextlib.nullcontext("http://127.0.0.1:1")  # the stand-in sender: no Prometheus to query
         )
         senders: list[subprocess.Popen] = []
@@ -402,7 +407,7 @@ def main() -> int:
                         env["REMOTE_WRITE_ADDRESS"] = urls["push"]["extender"]  # type: ignore[index]
                         env["REMOTE_WRITE_TOKEN_FILE"] = urls["push"]["token"]  # type: ignore[index]
                     extender, urls["extender"] = start_extender(workdir, env)
-                warm_up(workdir, senders, args.metrics == "push")
+                warm_up(workdir, senders, prometheus_sends=prometheus_runs and entries is not None)
                 for run, mode in enumerate(modes):
                     before = handler_times(urls["extender"]) if mode == "extender" else {}
                     measured = run_mode(plane, core, mode, run, args, workdir, urls, fleet.hot)
