@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"strings"
 	"testing"
 
 	"github.com/gpufleet/mig/k8s/gpuscore"
@@ -52,7 +53,8 @@ func benchmarkCycle(b *testing.B, instances, replicas int) {
 	g.metrics.RefreshOnce(context.Background())
 	infos := make([]fwk.NodeInfo, nodes)
 	for i, name := range names {
-		infos[i] = nodeInfo(name, nil)
+		// The scheduler's Node names are not the snapshot's strings: a lookup compares the bytes, as it does there.
+		infos[i] = nodeInfo(strings.Clone(name), nil)
 	}
 	ctx := context.Background()
 	b.ReportAllocs()
