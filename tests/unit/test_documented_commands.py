@@ -78,14 +78,25 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(args: list[str], env: dict | None = None, cwd: Path = REPO, timeout: int = 300) -> str:
+def _completed(args: list[str], env: dict | None, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
     done = subprocess.run(
         args, env=env or _env(), cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
     )
     assert done.returncode == 0, (
         f"{shlex.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
     )
+    return done
+
+
+def _run(args: list[str], env: dict | None = None, cwd: Path = REPO, timeout: int = 300) -> str:
+    """Everything the command printed, stdout then stderr."""
+    done = _completed(args, env, cwd, timeout)
     return done.stdout + done.stderr
+
+
+def _json(args: list[str]):
+    """The command's JSON answer: its stdout alone (stderr may carry a library's warnings)."""
+    return json.loads(_completed(args, None, REPO, 300).stdout)
 
 
 def commands(text: str) -> list[str]:
@@ -106,7 +117,7 @@ def commands(text: str) -> list[str]:
 def lab_files(tmp_path_factory) -> dict[str, str]:
     """build/lab paths the docs name -> the same files made in a temporary directory by the collection's code."""
     tmp = tmp_path_factory.mktemp("lab")
-    inventory = json.loads(_run([str(BIN / "ansible-inventory"), "-i", "inventories/hongkong", "--list"]))
+    inventory = _json([str(BIN / "ansible-inventory"), "-i", "inventories/hongkong", "--list"])
     hostvars = inventory["_meta"]["hostvars"]
     paths = {}
     for doc_text in (b.text for b in ALL):
@@ -536,7 +547,7 @@ def test_the_verdicts_links_point_at_sections_of_the_simulator_docs():
 
 def test_the_layout_filters_are_documented():
     names = ["gpufleet.mig.mig_node_resources", "gpufleet.mig.mig_node_instances"]
-    docs = json.loads(_run([str(BIN / "ansible-doc"), "-t", "filter", "--json", *names]))
+    docs = _json([str(BIN / "ansible-doc"), "-t", "filter", "--json", *names])
     for name in names:
         assert docs[name]["doc"]["short_description"] and docs[name]["examples"], name
 
