@@ -97,6 +97,8 @@ DENY_PODS = 20  # its pods placed before the outage, and as many created in it (
 SKIP_SCHEDULER = "gpufleet-scheduler-skip"  # a third, on the deny extender's Service with `ignorable: true`
 # A fourth: gpufleet-scheduler in plugin mode, GPUScore reading the same Prometheus with onMissingMetrics deny.
 GPUSCORE_SCHEDULER = "gpufleet-scheduler-gpuscore"
+# A scheduler started with these serves /metrics without a token (its counters, GPUScore's blindness gauge).
+OPEN_METRICS = ("--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",)
 # kube-scheduler's podMaxBackoffSeconds (its default: the role leaves it): a pod whose attempts failed on the
 # extender is tried again at most this long after its last failure.
 MAX_BACKOFF = 10
@@ -311,7 +313,7 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     )
     plugin_config["profiles"][0]["schedulerName"] = GPUSCORE_SCHEDULER
     gpuscore_scheduler = control_plane.start_scheduler(
-        plugin_config, binary="gpufleet-scheduler", name="faults-scheduler-prometheus-gpuscore"
+        plugin_config, binary="gpufleet-scheduler", name="faults-scheduler-prometheus-gpuscore", extra_args=OPEN_METRICS
     )
     third = BURST // 3
     try:
@@ -346,8 +348,12 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
         wave(core, namespace, third, third)  # the second third, placed blind
         wave(core, denied, DENY_PODS, DENY_PODS, scheduler=DENY_SCHEDULER, prefix="deny")  # these must wait
         wave(core, skipping, 0, DENY_PODS, scheduler=SKIP_SCHEDULER, prefix="skip")  # these skip the extender
-        # GPUScore's own blindness: its newest sample older than metricsMaxAgeSeconds too by now (the extenders'
-        # came first); these must wait under onMissingMetrics deny.
+        # GPUScore's own blindness: its newest sample older than metricsMaxAgeSeconds. Its last query may have
+        # found a sample one scrape newer than the extenders' last did, so it can go blind after them: wait for it.
+        # These must then wait under onMissingMetrics deny.
+        wait_for(
+            lambda: gpuscore_blind(control_plane.ports[gpuscore_scheduler]), timeout=MAX_AGE + 15, what="GPUScore blind"
+        )
         wave(core, gpuscored, DENY_PODS, DENY_PODS, scheduler=GPUSCORE_SCHEDULER, prefix="gpuscore")
         assert bindings.wait(2 * third, timeout=60), f"bound while blind: {len(bindings.bound) - third} of {third}"
         placed_blind = set(bindings.bound) - seeing
@@ -479,6 +485,13 @@ def schedule_attempts(port: int) -> dict[str, float]:
     return {row.split('result="')[1].split('"')[0]: float(row.split()[-1]) for row in rows}
 
 
+def gpuscore_blind(port: int) -> bool:
+    """GPUScore's scheduler_gpuscore_metrics_blind gauge is 1 (its newest GPU sample older than its max age)."""
+    text = httpx.get(f"https://127.0.0.1:{port}/metrics", verify=False, timeout=10).text
+    found = re.search(r"^scheduler_gpuscore_metrics_blind (\S+)$", text, re.MULTILINE)
+    return found is not None and float(found.group(1)) == 1.0
+
+
 def port_of(url: str) -> int:
     port = urlsplit(url).port
     assert port is not None
@@ -532,9 +545,7 @@ def replica_killed_mid_burst(control_plane, core, namespace, tmp_path, ignorable
     ignores_errors = config["extenders"][0]["ignorable"]
     assert ignores_errors is (ignorable is not False)  # the role's default is ignorable: true
     name = f"faults-scheduler-replicas-{str(ignores_errors).lower()}"
-    scheduler = control_plane.start_scheduler(
-        config, name=name, extra_args=("--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",)
-    )
+    scheduler = control_plane.start_scheduler(config, name=name, extra_args=OPEN_METRICS)
     try:
         half = BURST // 2
         wave(core, namespace, 0, half)
@@ -694,9 +705,7 @@ def restart_mid_burst(control_plane, core, namespace, tmp_path, burst: int, read
         config = rendered_scheduler_config(
             tmp_path / "render", kube_scheduler_extender_url_prefix=proxy.url, kube_scheduler_extender_ignorable=False
         )
-        scheduler = control_plane.start_scheduler(
-            config, name=name, extra_args=("--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",)
-        )
+        scheduler = control_plane.start_scheduler(config, name=name, extra_args=OPEN_METRICS)
         wave(core, namespace, 0, RESTART_WAVE)
         assert bindings.wait(RESTART_WAVE, timeout=120), f"bound before the kill: {len(bindings.bound)}"
         wave(core, namespace, RESTART_WAVE, burst - RESTART_WAVE)
