@@ -39,6 +39,8 @@ class RoundRobinProxy:
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
         self._clients: dict[int, set[socket.socket]] = {i: set() for i in range(len(backends))}  # open, by backend
+        self._accepted = 0  # client connections accepted so far; each has its number, from 1
+        self._closed_upto: dict[int, int] = {}  # backend -> its connections numbered up to this are to be ended
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -51,7 +53,10 @@ class RoundRobinProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(client,), name="proxy-conn", daemon=True).start()
+            with self._lock:
+                self._accepted += 1
+                number = self._accepted
+            threading.Thread(target=self._serve, args=(client, number), name="proxy-conn", daemon=True).start()
 
     def _pick(self) -> int | None:
         with self._lock:
@@ -68,9 +73,11 @@ class RoundRobinProxy:
             self._next = index
 
     def close_connections_to(self, index: int) -> None:
-        """End the open client connections of backend `index`, as the backend's keep-alive timeout ends idle ones:
-        the client's next request needs a new connection."""
+        """End the client connections of backend `index`, as the backend's keep-alive timeout ends idle ones: the
+        client's next request needs a new connection. Every connection accepted so far is ended, those open and those
+        still connecting to the backend (a client may be dialing one at that moment)."""
         with self._lock:
+            self._closed_upto[index] = self._accepted
             clients = list(self._clients[index])
         for client in clients:
             with contextlib.suppress(OSError):
@@ -92,7 +99,7 @@ class RoundRobinProxy:
                     return None  # the connection went to the dead endpoint: it fails, no other is tried
         return None
 
-    def _serve(self, client: socket.socket) -> None:
+    def _serve(self, client: socket.socket, number: int) -> None:
         picked = self._connect()
         if picked is None:
             client.close()
@@ -103,6 +110,10 @@ class RoundRobinProxy:
             self.connections[index] += 1
             self._sockets |= {client, backend}
             self._clients[index].add(client)
+            ended = number <= self._closed_upto.get(index, 0)  # close_connections_to ran while it connected
+        if ended:
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_RDWR)
         done = threading.Event()
 
         def pipe(source: socket.socket, target: socket.socket, upstream: bool) -> None:
