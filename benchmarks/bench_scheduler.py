@@ -56,7 +56,13 @@ from pathlib import Path
 import httpx
 import yaml
 from gpufleet_extender.push_config import PushTarget, kept_labels, remote_write
-from gpufleet_testsupport.controlplane import ControlPlane, ControlPlaneError, assets_dir, missing_assets
+from gpufleet_testsupport.controlplane import (
+    OPEN_METRICS,
+    ControlPlane,
+    ControlPlaneError,
+    assets_dir,
+    missing_assets,
+)
 from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, LAYOUTS, FleetPrometheus, make_fleet
 from gpufleet_testsupport.extender import start_extender
 from gpufleet_testsupport.ports import free_port
@@ -70,8 +76,6 @@ REPO = Path(__file__).resolve().parents[1]
 POD_RESOURCE = "nvidia.com/mig-1g.10gb"
 ROLE_DEFAULTS = yaml.safe_load((REPO / "roles" / "gpu_extender" / "defaults" / "main.yml").read_text())
 MODES = ("bare", "extender", "plugin")
-# The scheduler's /metrics without credentials, for the plugin's blindness gauge.
-OPEN_METRICS = ("--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",)
 
 
 def pool_resources(pool: str) -> dict[str, str]:

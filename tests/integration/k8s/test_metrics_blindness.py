@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from gpufleet_testsupport.controlplane import needs_assets
+from gpufleet_testsupport.controlplane import OPEN_METRICS, needs_assets
 from gpufleet_testsupport.dcgm_fleet import FleetPrometheus, SlowPrometheus, make_fleet
 from gpufleet_testsupport.extender import start_extender
 from gpufleet_testsupport.processes import stop_process
@@ -95,7 +95,7 @@ def test_the_plugin_shows_blindness_in_its_metric_an_event_and_its_log(control_p
         config,
         binary="gpufleet-scheduler",
         name="gpufleet-scheduler-blind",
-        extra_args=("--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",),
+        extra_args=OPEN_METRICS,
     )
     try:
         pool = {"gpufleet.test/scheduling": "blind"}

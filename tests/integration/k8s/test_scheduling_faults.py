@@ -54,6 +54,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from conftest import ensure_namespace
+from gpufleet_testsupport.controlplane import OPEN_METRICS
 from gpufleet_testsupport.dcgm_fleet import EXPORTER_NAMESPACE, Fleet, FleetPrometheus
 from gpufleet_testsupport.exposition import render_exposition
 from gpufleet_testsupport.extender import start_extender
@@ -97,8 +98,6 @@ DENY_PODS = 20  # its pods placed before the outage, and as many created in it (
 SKIP_SCHEDULER = "gpufleet-scheduler-skip"  # a third, on the deny extender's Service with `ignorable: true`
 # A fourth: gpufleet-scheduler in plugin mode, GPUScore reading the same Prometheus with onMissingMetrics deny.
 GPUSCORE_SCHEDULER = "gpufleet-scheduler-gpuscore"
-# A scheduler started with these serves /metrics without a token (its counters, GPUScore's blindness gauge).
-OPEN_METRICS = ("--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",)
 # kube-scheduler's podMaxBackoffSeconds (its default: the role leaves it): a pod whose attempts failed on the
 # extender is tried again at most this long after its last failure.
 MAX_BACKOFF = 10

@@ -34,6 +34,9 @@ from gpufleet_testsupport.ports import free_port
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 # kubeadm's default Service CIDR: the lab's inventory pins the extender's ClusterIP inside it.
 SERVICE_CIDR = "10.96.0.0/12"
+# start_scheduler's extra_args for a scheduler that serves its health and /metrics without a token (its counters,
+# GPUScore's gauges).
+OPEN_METRICS = ("--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",)
 
 
 class ControlPlaneError(RuntimeError):
