@@ -78,7 +78,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _completed(args: list[str], env: dict | None, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
+def _completed(
+    args: list[str], env: dict | None = None, cwd: Path = REPO, timeout: int = 300
+) -> subprocess.CompletedProcess:
     done = subprocess.run(
         args, env=env or _env(), cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -96,7 +98,7 @@ def _run(args: list[str], env: dict | None = None, cwd: Path = REPO, timeout: in
 
 def _json(args: list[str]):
     """The command's JSON answer: its stdout alone (stderr may carry a library's warnings)."""
-    return json.loads(_completed(args, None, REPO, 300).stdout)
+    return json.loads(_completed(args).stdout)
 
 
 def commands(text: str) -> list[str]:

@@ -477,17 +477,21 @@ def test_prometheus_stopped_mid_burst_then_back(control_plane, core, namespace, 
     assert log.count("decisions use no GPU") >= 2  # the WARNING line operators grep for, from both
 
 
+def scheduler_metrics(port: int) -> str:
+    """The /metrics text of a scheduler started with OPEN_METRICS."""
+    return httpx.get(f"https://127.0.0.1:{port}/metrics", verify=False, timeout=10).text
+
+
 def schedule_attempts(port: int) -> dict[str, float]:
     """The scheduler's scheduler_schedule_attempts_total by result (scheduled, unschedulable, error)."""
-    text = httpx.get(f"https://127.0.0.1:{port}/metrics", verify=False, timeout=10).text
+    text = scheduler_metrics(port)
     rows = [row for row in text.splitlines() if row.startswith("scheduler_schedule_attempts_total{")]
     return {row.split('result="')[1].split('"')[0]: float(row.split()[-1]) for row in rows}
 
 
 def gpuscore_blind(port: int) -> bool:
     """GPUScore's scheduler_gpuscore_metrics_blind gauge is 1 (its newest GPU sample older than its max age)."""
-    text = httpx.get(f"https://127.0.0.1:{port}/metrics", verify=False, timeout=10).text
-    found = re.search(r"^scheduler_gpuscore_metrics_blind (\S+)$", text, re.MULTILINE)
+    found = re.search(r"^scheduler_gpuscore_metrics_blind (\S+)$", scheduler_metrics(port), re.MULTILINE)
     return found is not None and float(found.group(1)) == 1.0
 
 
